@@ -108,6 +108,15 @@ struct LoadOptions {
   ProgressFn progress;
 };
 
+// Helpers shared by the HF and MLX loaders.
+class TensorLoader;
+struct TensorInfo;
+// An unquantized 2-D (or [E, N, K] viewed as [E*N, K]) tensor as a Mat view over its bytes.
+Mat mat_from_tensor(const TensorInfo& t);
+// Small tensors (norms, A_log, dt_bias, conv taps) converted to fp32; `add_one` applies the 1+w of
+// zero-centred norms.
+std::vector<float> tensor_to_f32(const TensorInfo& t, bool add_one = false);
+
 // Loads a model directory (config.json + safetensors): HF layout, or MLX quantized layout when the
 // config has a "quantization" block. Every tensor is accounted for.
 std::unique_ptr<ModelWeights> load_weights(const std::filesystem::path& model_dir,

@@ -11,6 +11,8 @@
 #include "core/weights.h"
 
 #include <cstdint>
+#include <filesystem>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -18,5 +20,17 @@ namespace kestrel::quant {
 
 // Dequantises row r of an affine matrix (Q4/Q8) into out[cols] (fp32).
 void dequant_row(const Mat& m, int64_t r, float* out);
+
+// --- Implemented by the quantization component (issue 5); called by core/weights.cpp. ---
+
+// Quantizes an unquantized matrix (BF16/F16/F32) to affine `bits` (4 or 8) with group `group`,
+// round to nearest, exactly as MLX's quantize does. The codes/scales/biases are appended to
+// `storage` (one new buffer); the returned Mat points into it.
+Mat quantize_matrix(const Mat& src, int bits, int group, std::vector<std::vector<uint8_t>>& storage);
+
+// Loads an MLX-layout quantized checkpoint (config.json with a "quantization" block) into the same
+// ModelWeights structure the HF loader produces. `cfg` is the parsed config.
+std::unique_ptr<ModelWeights> load_mlx_weights(const std::filesystem::path& model_dir,
+                                               const ModelConfig& cfg, const LoadOptions& opts);
 
 }  // namespace kestrel::quant
