@@ -139,11 +139,10 @@ struct HfLoader {
   Mat matrix(const std::string& name, std::vector<int64_t> shape, int bits = 4) {
     const TensorInfo& t = tl.take(name, kFloat, shape);
     Mat m = mat_from_tensor(t);
-    if (opts.quant == QuantMode::Q4) {
-      KESTREL_CHECK(m.cols % 64 == 0, "tensor '{}': {} input columns is not a multiple of the "
-                    "quantization group 64", name, m.cols);
+    // MLX recipe (mlx-lm quantize_model): a matrix whose input width is not a multiple of the
+    // group stays unquantized; quant::recipe_bits returns 0 for it.
+    if (opts.quant == QuantMode::Q4 && quant::recipe_bits(bits, m.cols) != 0)
       m = quant::quantize_matrix(m, bits, 64, w.owned);
-    }
     progress(t.nbytes);
     return m;
   }
