@@ -38,7 +38,8 @@ void matmul(const Mat& W, const float* x, int64_t T, float* y) {
   const bool parallel = N * K * std::max<int64_t>(T, 1) >= (int64_t(1) << 15);
 #pragma omp parallel if (parallel)
   {
-    std::vector<float> row(size_t(K) * block);
+    thread_local std::vector<float> row;  // per-thread scratch, grows once
+    row.resize(size_t(K) * block);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < nblocks; ++b) {
       const int64_t r0 = b * block, r1 = std::min(N, r0 + block);
@@ -110,7 +111,9 @@ void gdn_recurrent(const GdnDims& d, int64_t T, const float* q, const float* k, 
   for (int j = 0; j < d.Hv; ++j) {
     const int hk = j / ratio;
     float* Sj = S + int64_t(j) * d.dk * d.dv;  // [dk, dv]
-    std::vector<float> mem(static_cast<size_t>(d.dv)), delta(static_cast<size_t>(d.dv));
+    thread_local std::vector<float> mem, delta;
+    mem.resize(size_t(d.dv));
+    delta.resize(size_t(d.dv));
     for (int64_t t = 0; t < T; ++t) {
       const float* qt = q + (t * d.Hk + hk) * d.dk;
       const float* kt = k + (t * d.Hk + hk) * d.dk;
@@ -149,8 +152,9 @@ void gdn_chunked(const GdnDims& d, int64_t T, const float* q, const float* k, co
     const int hk = j / ratio;
     float* Sj = S + int64_t(j) * dk * dv;  // [dk, dv]
     const size_t C = size_t(chunk);
-    std::vector<float> G(C), A(C * C), P(C * C), U(C * size_t(dv)), W(C * size_t(dk)),
-        Vn(C * size_t(dv)), kb(C * size_t(dk));
+    thread_local std::vector<float> G, A, P, U, W, Vn, kb;  // per-thread scratch
+    G.resize(C), A.resize(C * C), P.resize(C * C), U.resize(C * size_t(dv));
+    W.resize(C * size_t(dk)), Vn.resize(C * size_t(dv)), kb.resize(C * size_t(dk));
     for (int64_t c0 = 0; c0 < T; c0 += chunk) {
       const int L = int(std::min<int64_t>(chunk, T - c0));  // padded tail positions contribute 0
       auto Q = [&](int i) { return q + ((c0 + i) * d.Hk + hk) * dk; };
@@ -232,7 +236,8 @@ void gdn_chunked(const GdnDims& d, int64_t T, const float* q, const float* k, co
 
 void rope_neox(float* x, int64_t T, int heads, int D, int rot, int64_t pos0, double theta) {
   const int half = rot / 2;
-  std::vector<float> inv(static_cast<size_t>(half));
+  thread_local std::vector<float> inv;
+  inv.resize(size_t(half));
   // As transformers: inv_freq = 1 / theta^(2i/rot) in fp32; angle = pos * inv_freq in fp32.
   for (int i = 0; i < half; ++i)
     inv[size_t(i)] = 1.f / std::pow(float(theta), float(2 * i) / float(rot));
@@ -260,7 +265,8 @@ void attention(const float* q, int64_t T, int64_t pos0, const float* kc, const f
     for (int h = 0; h < H; ++h) {
       const int kvh = h / group;
       const int64_t n = pos0 + t + 1;  // causal: keys 0..pos0+t
-      std::vector<float> sc(static_cast<size_t>(n));
+      thread_local std::vector<float> sc;
+      sc.resize(size_t(n));
       const float* qh = q + (t * H + h) * D;
       float mx = -INFINITY;
       for (int64_t j = 0; j < n; ++j) {
@@ -288,14 +294,19 @@ void moe(const MoeWeights& w, const ModelConfig& cfg, const float* h, int64_t T,
   const int64_t I = cfg.moe_intermediate_size, Is = cfg.shared_expert_intermediate_size;
   // Router: fp32 softmax over all experts, top-k (descending, lower index first on ties),
   // renormalised.
-  std::vector<float> logits(static_cast<size_t>(T * E));
+  // Scratch persists across calls (no allocation per token once warm).
+  thread_local std::vector<float> logits, p, xs, gate, up, down, sg, su, sd, sgate;
+  thread_local std::vector<std::vector<std::pair<int64_t, float>>> by_expert;  // (token, weight)
+  thread_local std::vector<int64_t> idx;
+  logits.resize(size_t(T * E));
   matmul(w.router, h, T, logits.data());
-  std::vector<std::vector<std::pair<int64_t, float>>> by_expert(static_cast<size_t>(E));  // (token, weight)
-  std::vector<int64_t> idx(static_cast<size_t>(E));
+  by_expert.resize(size_t(E));
+  for (auto& b : by_expert) b.clear();
+  idx.resize(size_t(E));
   for (int64_t t = 0; t < T; ++t) {
     const float* lt = logits.data() + t * E;
     const float mx = *std::max_element(lt, lt + E);
-    std::vector<float> p(static_cast<size_t>(E));
+    p.resize(size_t(E));
     double sum = 0;
     for (int64_t e = 0; e < E; ++e) sum += (p[size_t(e)] = std::exp(lt[e] - mx));
     for (auto& x : p) x = float(x / sum);
@@ -310,7 +321,6 @@ void moe(const MoeWeights& w, const ModelConfig& cfg, const float* h, int64_t T,
   }
   std::fill(out, out + T * Hd, 0.f);
   // Routed experts in ascending index order (the reference's accumulation order).
-  std::vector<float> xs, gate, up, down;
   for (int64_t e = 0; e < E; ++e) {
     const auto& toks = by_expert[size_t(e)];
     if (toks.empty()) continue;
@@ -333,7 +343,7 @@ void moe(const MoeWeights& w, const ModelConfig& cfg, const float* h, int64_t T,
     }
   }
   // Shared expert with its sigmoid gate.
-  std::vector<float> sg(static_cast<size_t>(T * Is)), su(static_cast<size_t>(T * Is)), sd(static_cast<size_t>(T * Hd)), sgate(static_cast<size_t>(T));
+  sg.resize(size_t(T * Is)), su.resize(size_t(T * Is)), sd.resize(size_t(T * Hd)), sgate.resize(size_t(T));
   matmul(w.shared_gate, h, T, sg.data());
   matmul(w.shared_up, h, T, su.data());
   for (size_t i = 0; i < sg.size(); ++i) sg[i] = silu(sg[i]) * su[i];
