@@ -106,7 +106,8 @@ void quantize_rows(const Mat& src, int64_t r0, int64_t n, int bits, int group, u
   const int64_t gw = group * bits / 32;
   bool bad = false;
   std::string err;
-#pragma omp parallel
+  // Threads only pay off on real-size matrices (a tiny expert is quicker alone than a team start).
+#pragma omp parallel if (n * src.cols >= (int64_t(1) << 18))
   {
     std::vector<float> row(size_t(src.cols));
 #pragma omp for schedule(static)
