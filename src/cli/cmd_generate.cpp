@@ -75,8 +75,11 @@ void setup_generate(CLI::App& root) {
     const auto& cfg = be->config();
     std::fprintf(stderr, "loaded %s on %s in %.2f s\n", a->model.c_str(), be->name().c_str(), load_s);
     const kestrel::SeqId seq = be->create_sequence(int64_t(prompt.size()) + a->max_tokens);
+    // The embedding and lm_head are padded past the tokenizer's last id (248,077 of 248,320 in
+    // the real model); those rows are never valid output, so greedy picks among real tokens only.
+    const int32_t n_real = tok ? std::min<int32_t>(tok->vocab_size(), cfg.vocab_size) : cfg.vocab_size;
     auto argmax = [&](const std::vector<float>& l) {
-      return int32_t(std::max_element(l.begin(), l.begin() + cfg.vocab_size) - l.begin());
+      return int32_t(std::max_element(l.begin(), l.begin() + n_real) - l.begin());
     };
     std::unique_ptr<kestrel::StreamDecoder> sd;
     if (tok) sd = std::make_unique<kestrel::StreamDecoder>(*tok);
