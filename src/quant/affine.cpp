@@ -10,23 +10,42 @@
 
 namespace kestrel::quant {
 
+namespace {
+
+// One row, specialised on the bit width so the word unpacking unrolls (the CPU backend calls this
+// for every row of every quantized matrix it multiplies).
+template <int kBits>
+void dequant_row_bits(const uint32_t* w, const uint16_t* s, const uint16_t* b, int64_t cols,
+                      int group, float* out) {
+  constexpr int kPer = 32 / kBits;
+  constexpr uint32_t kMask = (1u << kBits) - 1u;
+  const int64_t groups = cols / group;
+  const int words_per_group = group / kPer;
+  for (int64_t g = 0; g < groups; ++g) {
+    const float scale = bf16_to_f32(s[g]), bias = bf16_to_f32(b[g]);
+    const uint32_t* wg = w + g * words_per_group;
+    float* o = out + g * group;
+    for (int k = 0; k < words_per_group; ++k) {
+      const uint32_t word = wg[k];
+      for (int i = 0; i < kPer; ++i) o[k * kPer + i] = scale * float((word >> (kBits * i)) & kMask) + bias;
+    }
+  }
+}
+
+}  // namespace
+
 void dequant_row(const Mat& m, int64_t r, float* out) {
   const int bits = m.bits();
   KESTREL_CHECK(bits == 4 || bits == 8, "dequant_row: format {} is not affine", wformat_name(m.fmt));
-  const int per_word = 32 / bits;
-  const uint32_t mask = (1u << bits) - 1u;
-  const int64_t words_per_row = m.cols / per_word;
+  const int64_t words_per_row = m.cols * bits / 32;
   const int64_t groups_per_row = m.cols / m.group;
   const uint32_t* w = static_cast<const uint32_t*>(m.data) + r * words_per_row;
   const uint16_t* s = m.scales + r * groups_per_row;
   const uint16_t* b = m.biases + r * groups_per_row;
-  for (int64_t g = 0; g < groups_per_row; ++g) {
-    const float scale = bf16_to_f32(s[g]), bias = bf16_to_f32(b[g]);
-    for (int64_t j = g * m.group; j < (g + 1) * m.group; ++j) {
-      const uint32_t q = (w[j / per_word] >> (bits * (j % per_word))) & mask;
-      out[j] = scale * float(q) + bias;
-    }
-  }
+  if (bits == 4)
+    dequant_row_bits<4>(w, s, b, m.cols, m.group, out);
+  else
+    dequant_row_bits<8>(w, s, b, m.cols, m.group, out);
 }
 
 uint32_t code_at(const Mat& m, int64_t r, int64_t j) {
