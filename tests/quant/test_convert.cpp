@@ -3,6 +3,8 @@
 // to the same weights, shards like mlx-lm, and refuses bad inputs.
 #include "quant_test_util.h"
 
+#include "core/synth.h"
+
 #include <cstdlib>
 #include <map>
 
@@ -116,6 +118,27 @@ TEST(Convert, ShardsLikeMlxLmAndLoadsBack) {
   auto w = load_weights(d.path / "out");
   EXPECT_TRUE(w->owned.empty()) << "shard writer keeps every tensor aligned";
   expect_same_weights(*w, *load_weights(fixtures() / "tiny-mlx4"));
+}
+
+// The fused HF expert layout (experts.gate_up_proj [E, 2I, H] + experts.down_proj [E, H, I]): the
+// converter's gate/up split and the HF loader's quantize-at-load views give the same matrices.
+TEST(Convert, FusedExpertLayoutMatchesQuantizeAtLoad) {
+  TmpDir d("fused");
+  const fs::path in = d.path / "in";
+  fs::create_directories(in);
+  fs::copy_file(fixtures() / "tiny" / "config.json", in / "config.json");
+  write_synthetic_checkpoint(load_config(in), in, {5, true, true});
+  ASSERT_TRUE(Checkpoint::open(in)->find("model.language_model.layers.0.mlp.experts.gate_up_proj"));
+  quant::convert_hf_to_mlx(in, d.path / "out", {});
+  auto mlx = load_weights(d.path / "out");
+  LoadOptions q4;
+  q4.quant = QuantMode::Q4;
+  auto hf = load_weights(in, q4);
+  std::vector<std::pair<std::string, Mat>> x, y;
+  for_each_mat(*mlx, [&](const std::string& n, const Mat& m) { x.push_back({n, m}); });
+  for_each_mat(*hf, [&](const std::string& n, const Mat& m) { y.push_back({n, m}); });
+  ASSERT_EQ(x.size(), y.size());
+  for (size_t i = 0; i < x.size(); ++i) expect_same_mat(x[i].second, y[i].second, x[i].first);
 }
 
 TEST(Convert, RefusesBadInputs) {
