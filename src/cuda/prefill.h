@@ -1,0 +1,329 @@
+// Prefill (many-token) kernels of the CUDA backend: tensor-core GEMM with the weight dequantised
+// while tiles are staged into shared memory (BF16 / MLX affine Q4 / Q8 DMat), the grouped MoE
+// pipeline (GPU routing, expert-sorted token slots, gate|up with SiLU*up epilogue, down with the
+// routing weight, deterministic combine), chunked Gated DeltaNet, causal flash attention.
+//
+// Plain C++ interface (includable from .cpp and .cu). The *_launch functions are the raw launches
+// (no validation), implemented in prefill_*.cu. Callers outside the .cu files use the validated
+// wrappers at the end (prefill_gemm, moe_route, ...), which KESTREL_CHECK every precondition; they
+// are compiled by the host compiler only (nvcc cannot compile fmt 9's consteval format checks).
+//
+// Activations are fp32 (the CPU oracle's precision), converted to bf16 while staging; tensor-core
+// operands are bf16, accumulation fp32. Nothing here synchronises the host: every entry point is
+// asynchronous on its stream and graph-capturable (grid sizes depend only on host-known bounds).
+#pragma once
+#include "cuda/kernels.h"
+
+#include <cstdint>
+
+namespace kestrel::cuda {
+
+// ---------------------------------------------------------------------------------------------
+// Fused-dequant GEMM: C[m, n] (op)= sum_k A[a_row(m), k] * W[w_row(n), k].
+enum class GemmEpi : uint8_t {
+  Store,     // C[c_row(m), n] = scale(m) * acc
+  Residual,  // C[c_row(m), n] += scale(m) * acc
+  SiluMul,   // C[c_row(m), n] = scale(m) * silu(A W_gate^T)[m, n] * (A W_up^T)[m, n]  (W2 = up)
+};
+
+// Row groups (grouped / MoE GEMM): group g covers rows [group_off[g], group_off[g+1]) of the
+// (sorted) row space and uses weight rows [g * N, (g+1) * N) of W (and W2); tile_off[g] is the
+// prefix of ceil(rows_g / bm) over groups (device arrays, built by moe_route for bm = kPrefillBM).
+struct PrefillGemmArgs {
+  int64_t M = 0;              // rows (dense), or an upper bound on sum of group rows (grouped)
+  int64_t N = 0, K = 0;       // per-group output width, reduction length (K % 64 == 0)
+  const float* A = nullptr;   // fp32 [*, lda]
+  int64_t lda = 0;
+  const int* a_rows = nullptr;  // optional [M]: A row of row m (gather), a_rows[m] / a_div
+  int a_div = 1;                // gather divisor (slot id -> token: topk)
+  DMat W;                       // [groups * N, K]
+  DMat W2;                      // SiluMul: up, same shape/format as W
+  GemmEpi epi = GemmEpi::Store;
+  float* C = nullptr;           // fp32 [*, ldc]
+  int64_t ldc = 0;
+  const int* c_rows = nullptr;  // optional [M]: C row of row m (scatter)
+  const float* row_scale = nullptr;  // optional: scale(m) = row_scale[c_row(m)]
+  // grouped
+  int groups = 0;                  // 0: dense; else number of groups (experts)
+  const int* group_off = nullptr;  // device [groups + 1]
+  const int* tile_off = nullptr;   // device [groups + 1]
+  int max_tiles = 0;               // host bound on tile_off[groups]
+};
+constexpr int kPrefillBM = 64;  // rows per tile of the grouped GEMM (moe_route's tile prefix)
+void prefill_gemm_init();       // one-time kernel attributes (large shared memory)
+void prefill_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s);
+
+// ---------------------------------------------------------------------------------------------
+// MoE routing on the GPU. logits fp32 [T, E] (router GEMM output). Per token: fp32 softmax,
+// top-k (descending, lower index first on ties, as the CPU oracle), renormalised weights. The k
+// selections of a token are stored in ascending expert order (the reference's accumulation order):
+// slot s = t * topk + r. Then the slots are counted and sorted by expert:
+//   counts[e], group_off[e] (exclusive prefix, group_off[E] = T*topk), tile_off[e] (prefix of
+//   ceil(count/kPrefillBM)), sorted[p] = slot id of sorted position p (within an expert in
+//   ascending slot order: deterministic).
+struct MoeRouteArgs {
+  const float* logits = nullptr;
+  int64_t T = 0;
+  int E = 0, topk = 0;
+  int* topk_idx = nullptr;    // [T * topk]
+  float* topk_w = nullptr;    // [T * topk]
+  int* counts = nullptr;      // [E]
+  int* group_off = nullptr;   // [E + 1]
+  int* tile_off = nullptr;    // [E + 1]
+  int* sorted = nullptr;      // [T * topk]
+};
+void moe_route_launch(const MoeRouteArgs& a, cudaStream_t s);
+// Host bound on tile_off[E] for T tokens: ceil(T*topk / BM) + E.
+inline int moe_max_tiles(int64_t T, int topk, int E) {
+  return int((T * topk + kPrefillBM - 1) / kPrefillBM) + E;
+}
+
+// Combine: out[t, :] (+)= sum_r slot_out[t*topk + r, :] (r ascending = expert ascending)
+//          + sigmoid(sgate[t]) * shared[t, :]   (shared and sgate optional).
+struct MoeCombineArgs {
+  int64_t T = 0, hidden = 0;
+  int topk = 0;
+  const float* slot_out = nullptr;  // [T * topk, hidden]
+  const float* shared = nullptr;    // [T, hidden] or null
+  const float* sgate = nullptr;     // [T] shared_expert_gate logits, or null (weight 1)
+  float* out = nullptr;             // [T, hidden]
+  bool accumulate = false;          // out += (residual) instead of out =
+};
+void moe_combine_launch(const MoeCombineArgs& a, cudaStream_t s);
+
+// The whole sparse-MoE block for T tokens (routed experts + shared expert), all on the GPU.
+// Scratch sizes: see MoePrefillScratch::bytes.
+struct MoePrefillWeights {
+  DMat router;                 // [E, hidden]
+  DMat gate, up;               // stacked [E*I, hidden]
+  DMat down;                   // stacked [E*hidden, I]
+  DMat shared_gate, shared_up; // [Is, hidden]
+  DMat shared_down;            // [hidden, Is]
+  DMat shared_expert_gate;     // [1, hidden]
+  int E = 0, topk = 0;
+  int64_t hidden = 0, I = 0, Is = 0;
+};
+struct MoePrefillScratch {
+  float* logits = nullptr;    // [T, E]
+  int* topk_idx = nullptr;    // [T*topk]
+  float* topk_w = nullptr;    // [T*topk]
+  int* counts = nullptr;      // [E]
+  int* group_off = nullptr;   // [E+1]
+  int* tile_off = nullptr;    // [E+1]
+  int* sorted = nullptr;      // [T*topk]
+  float* act = nullptr;       // [T*topk, I]
+  float* slot_out = nullptr;  // [T*topk, hidden]
+  float* sact = nullptr;      // [T, Is]
+  float* shared = nullptr;    // [T, hidden]
+  float* sgate = nullptr;     // [T]
+};
+// out[T, hidden] = MoE(h) (accumulate: out += MoE(h), the residual add).
+void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
+                        const MoePrefillScratch& sc, float* out, bool accumulate, cudaStream_t s);
+
+// ---------------------------------------------------------------------------------------------
+// Gated DeltaNet prefill of T tokens of one sequence (chunk 64, fp32 state between chunks).
+// Conv: x pre-conv fp32 [T, ldx] (C channels), w fp32 [C, 4] (tap 3 = current token), state fp32
+// [C, 3] pre-conv history oldest first (the decode layout), updated; u fp32 [T, C] = SiLU(conv).
+struct PrefillConvArgs {
+  int64_t T = 0, C = 0;
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const float* w = nullptr;
+  float* state = nullptr;
+  float* u = nullptr;  // [T, C]; must not alias x
+};
+void prefill_conv_launch(const PrefillConvArgs& a, cudaStream_t s);
+
+// Chunked delta rule. u: post-conv fp32 [T, ldu] holding q (Hk*dk) | k (Hk*dk) | v (Hv*dv), raw
+// (L2-normalised here, q also scaled by dk^-1/2); b, a: fp32 raw projections [T, ldb/lda];
+// beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias). state fp32 [Hv, dv, dk] (decode's
+// layout), updated; o fp32 [T, Hv*dv]. Widths: dk = dv = 128, Hv % Hk == 0.
+struct PrefillGdnArgs {
+  int64_t T = 0;
+  const float* u = nullptr;
+  int64_t ldu = 0;
+  const float* b = nullptr;
+  const float* a = nullptr;
+  int64_t ldb = 0, lda = 0;
+  const float* A_log = nullptr;
+  const float* dt_bias = nullptr;
+  float* state = nullptr;
+  float* o = nullptr;
+  int Hk = 0, Hv = 0, dk = 0, dv = 0;
+};
+constexpr int kGdnChunk = 64;
+void prefill_gdn_init();
+void prefill_gdn_launch(const PrefillGdnArgs& a, cudaStream_t s);
+
+// ---------------------------------------------------------------------------------------------
+// Causal flash attention of T new tokens at positions pos0..pos0+T-1 (head dim 256, GQA).
+// Prep: qg fp32 [T, heads*2D] raw q_proj (query then gate per head), k, v fp32 [T, kv_heads*D];
+// q/k RMSNorm (effective weights) + NeoX RoPE on the first rotary_dim dims at position pos0+t;
+// q (bf16, [T, heads, D]) to qbuf, k (normed, roped) and v to the bf16 caches
+// [capacity, kv_heads, D] at rows pos0..pos0+T-1.
+// Attention: out[t, h, :] = softmax(q k^T / sqrt(D)) v over keys 0..pos0+t, times sigmoid(gate)
+// when gated; fp32 [T, heads*D].
+struct PrefillAttnArgs {
+  int64_t T = 0, pos0 = 0, capacity = 0;
+  const float* qg = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const float* q_norm = nullptr;
+  const float* k_norm = nullptr;
+  float eps = 1e-6f;
+  double rope_theta = 1e7;
+  uint16_t* qbuf = nullptr;     // bf16 [T, heads, D] scratch
+  uint16_t* kcache = nullptr;   // bf16 [capacity, kv_heads, D]
+  uint16_t* vcache = nullptr;
+  float* out = nullptr;         // fp32 [T, heads*D]
+  bool gated = true;
+  int heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;
+};
+void prefill_attn_init();
+void prefill_attn_prep_launch(const PrefillAttnArgs& a, cudaStream_t s);
+void prefill_attn_launch(const PrefillAttnArgs& a, cudaStream_t s);
+
+}  // namespace kestrel::cuda
+
+#ifndef __CUDACC__
+#include "core/check.h"
+
+namespace kestrel::cuda {
+
+inline void prefill_check_mat(const DMat& w, int64_t rows, int64_t K, const char* what) {
+  KESTREL_CHECK(w.valid(), "{}: weight missing", what);
+  KESTREL_CHECK(w.cols == K && w.rows >= rows, "{}: weight is [{}, {}], need >= [{}, {}]", what,
+                w.rows, w.cols, rows, K);
+  KESTREL_CHECK(w.fmt == DFmt::BF16 || w.fmt == DFmt::Q4 || w.fmt == DFmt::Q8,
+                "{}: weight format {} (BF16, Q4, Q8 supported)", what, dfmt_name(w.fmt));
+  if (w.fmt != DFmt::BF16)
+    KESTREL_CHECK(w.group == 64 && w.scales && w.biases,
+                  "{}: affine group {} with scales/biases needed (group 64)", what, w.group);
+  KESTREL_CHECK((reinterpret_cast<uintptr_t>(w.data) & 15) == 0, "{}: weight data not 16-byte aligned",
+                what);
+}
+
+// Validated fused-dequant GEMM.
+inline void prefill_gemm(const PrefillGemmArgs& a, cudaStream_t s) {
+  KESTREL_CHECK(a.M >= 0 && a.N >= 1 && a.K >= 64 && a.K % 64 == 0,
+                "prefill_gemm: M {} N {} K {} (K a multiple of 64 needed)", a.M, a.N, a.K);
+  KESTREL_CHECK(a.A != nullptr && a.lda >= a.K && a.lda % 4 == 0 &&
+                    (reinterpret_cast<uintptr_t>(a.A) & 15) == 0,
+                "prefill_gemm: A null, lda {} < K {} or A/lda not 16-byte aligned", a.lda, a.K);
+  KESTREL_CHECK(a.C != nullptr && a.ldc >= a.N && a.ldc % 2 == 0 &&
+                    (reinterpret_cast<uintptr_t>(a.C) & 7) == 0,
+                "prefill_gemm: C null, ldc {} < N {} or not 8-byte aligned", a.ldc, a.N);
+  KESTREL_CHECK(a.a_div >= 1, "prefill_gemm: a_div {}", a.a_div);
+  const int64_t g = a.groups > 0 ? a.groups : 1;
+  prefill_check_mat(a.W, g * a.N, a.K, "prefill_gemm W");
+  if (a.epi == GemmEpi::SiluMul) {
+    prefill_check_mat(a.W2, g * a.N, a.K, "prefill_gemm W2 (up)");
+    KESTREL_CHECK(a.W2.fmt == a.W.fmt, "prefill_gemm: gate {} and up {} formats differ",
+                  dfmt_name(a.W.fmt), dfmt_name(a.W2.fmt));
+  }
+  if (a.groups > 0)
+    KESTREL_CHECK(a.group_off && a.tile_off && a.max_tiles >= 0 && a.max_tiles < 65536,
+                  "prefill_gemm: grouped GEMM needs group_off, tile_off and 0 <= max_tiles {} < 65536",
+                  a.max_tiles);
+  else
+    KESTREL_CHECK(a.M < int64_t(65535) * 128, "prefill_gemm: M {} too large", a.M);
+  if (a.M == 0 || (a.groups > 0 && a.max_tiles == 0)) return;
+  prefill_gemm_launch(a, s);
+}
+
+inline void moe_route(const MoeRouteArgs& a, cudaStream_t s) {
+  KESTREL_CHECK(a.T >= 1 && a.E >= 1 && a.E <= 1024 && a.topk >= 1 && a.topk <= 16 && a.topk <= a.E,
+                "moe_route: T {} E {} topk {} (E <= 1024, topk <= 16)", a.T, a.E, a.topk);
+  KESTREL_CHECK(a.logits && a.topk_idx && a.topk_w && a.counts && a.group_off && a.tile_off &&
+                    a.sorted,
+                "moe_route: null buffer");
+  KESTREL_CHECK(a.T * a.topk < (int64_t(1) << 30), "moe_route: T {} too large", a.T);
+  moe_route_launch(a, s);
+}
+
+inline void moe_combine(const MoeCombineArgs& a, cudaStream_t s) {
+  KESTREL_CHECK(a.T >= 1 && a.hidden >= 1 && a.hidden % 4 == 0 && a.topk >= 1,
+                "moe_combine: T {} hidden {} topk {}", a.T, a.hidden, a.topk);
+  KESTREL_CHECK(a.slot_out && a.out, "moe_combine: null buffer");
+  moe_combine_launch(a, s);
+}
+
+inline void moe_prefill(const MoePrefillWeights& w, const float* h, int64_t T,
+                        const MoePrefillScratch& sc, float* out, bool accumulate, cudaStream_t s) {
+  KESTREL_CHECK(T >= 1 && w.E >= 1 && w.topk >= 1 && w.topk <= w.E && w.hidden % 64 == 0 &&
+                    w.I % 64 == 0 && w.Is % 64 == 0,
+                "moe_prefill: T {} E {} topk {} hidden {} I {} Is {}", T, w.E, w.topk, w.hidden, w.I,
+                w.Is);
+  KESTREL_CHECK(h && out, "moe_prefill: null input/output");
+  prefill_check_mat(w.router, w.E, w.hidden, "moe_prefill router");
+  prefill_check_mat(w.gate, w.E * w.I, w.hidden, "moe_prefill gate");
+  prefill_check_mat(w.up, w.E * w.I, w.hidden, "moe_prefill up");
+  prefill_check_mat(w.down, w.E * w.hidden, w.I, "moe_prefill down");
+  KESTREL_CHECK(w.gate.fmt == w.up.fmt, "moe_prefill: gate/up formats differ");
+  const bool has_shared = w.shared_down.valid();
+  if (has_shared) {
+    prefill_check_mat(w.shared_gate, w.Is, w.hidden, "moe_prefill shared_gate");
+    prefill_check_mat(w.shared_up, w.Is, w.hidden, "moe_prefill shared_up");
+    prefill_check_mat(w.shared_down, w.hidden, w.Is, "moe_prefill shared_down");
+    KESTREL_CHECK(w.shared_gate.fmt == w.shared_up.fmt, "moe_prefill: shared gate/up formats differ");
+    KESTREL_CHECK(sc.sact && sc.shared, "moe_prefill: shared-expert scratch missing");
+    if (w.shared_expert_gate.valid()) {
+      prefill_check_mat(w.shared_expert_gate, 1, w.hidden, "moe_prefill shared_expert_gate");
+      KESTREL_CHECK(sc.sgate, "moe_prefill: sgate scratch missing");
+    }
+  }
+  KESTREL_CHECK(sc.logits && sc.topk_idx && sc.topk_w && sc.counts && sc.group_off && sc.tile_off &&
+                    sc.sorted && sc.act && sc.slot_out,
+                "moe_prefill: scratch buffer missing");
+  KESTREL_CHECK(moe_max_tiles(T, w.topk, w.E) < 65536, "moe_prefill: T {} too large for one call", T);
+  moe_prefill_launch(w, h, T, sc, out, accumulate, s);
+}
+
+inline void prefill_conv(const PrefillConvArgs& a, cudaStream_t s) {
+  KESTREL_CHECK(a.T >= 1 && a.C >= 1 && a.x && a.w && a.state && a.u && a.ldx >= a.C,
+                "prefill_conv: T {} C {} ldx {} or null buffer", a.T, a.C, a.ldx);
+  KESTREL_CHECK(static_cast<const void*>(a.u) != static_cast<const void*>(a.x),
+                "prefill_conv: u must not alias x");
+  prefill_conv_launch(a, s);
+}
+
+inline void prefill_gdn(const PrefillGdnArgs& a, cudaStream_t s) {
+  KESTREL_CHECK(a.dk == 128 && a.dv == 128, "prefill_gdn: dk {} dv {} (kernel for 128 x 128)", a.dk,
+                a.dv);
+  KESTREL_CHECK(a.Hk >= 1 && a.Hv >= a.Hk && a.Hv % a.Hk == 0, "prefill_gdn: Hk {} Hv {}", a.Hk, a.Hv);
+  KESTREL_CHECK(a.T >= 1 && a.u && a.b && a.a && a.A_log && a.dt_bias && a.state && a.o,
+                "prefill_gdn: T {} or null buffer", a.T);
+  KESTREL_CHECK(a.ldu >= int64_t(2 * a.Hk * a.dk + a.Hv * a.dv) && a.ldu % 4 == 0 &&
+                    (reinterpret_cast<uintptr_t>(a.u) & 15) == 0,
+                "prefill_gdn: ldu {} (need >= {}, multiple of 4, 16-byte aligned u)", a.ldu,
+                2 * a.Hk * a.dk + a.Hv * a.dv);
+  KESTREL_CHECK(a.ldb >= a.Hv && a.lda >= a.Hv, "prefill_gdn: ldb {} lda {} < Hv {}", a.ldb, a.lda,
+                a.Hv);
+  prefill_gdn_launch(a, s);
+}
+
+inline void prefill_attn(const PrefillAttnArgs& a, cudaStream_t s) {
+  KESTREL_CHECK(a.head_dim == 256, "prefill_attn: head_dim {} (kernel for 256)", a.head_dim);
+  KESTREL_CHECK(a.kv_heads >= 1 && a.heads >= a.kv_heads && a.heads % a.kv_heads == 0,
+                "prefill_attn: heads {} kv_heads {}", a.heads, a.kv_heads);
+  KESTREL_CHECK(a.rotary_dim >= 2 && a.rotary_dim % 2 == 0 && a.rotary_dim <= a.head_dim,
+                "prefill_attn: rotary_dim {}", a.rotary_dim);
+  KESTREL_CHECK(a.T >= 1 && a.pos0 >= 0 && a.pos0 + a.T <= a.capacity,
+                "prefill_attn: positions {}..{} exceed the cache capacity {}", a.pos0, a.pos0 + a.T,
+                a.capacity);
+  KESTREL_CHECK(a.qg && a.k && a.v && a.q_norm && a.k_norm && a.qbuf && a.kcache && a.vcache && a.out,
+                "prefill_attn: null buffer");
+  prefill_attn_prep_launch(a, s);
+  prefill_attn_launch(a, s);
+}
+
+// Call once before any graph capture (large dynamic shared memory attributes).
+inline void prefill_init() {
+  prefill_gemm_init();
+  prefill_gdn_init();
+  prefill_attn_init();
+}
+
+}  // namespace kestrel::cuda
+#endif

@@ -1,0 +1,620 @@
+// Prefill GEMM with the weight dequantised while staging (BF16 / affine Q4 / Q8, MLX layout), on
+// tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate); the grouped (MoE) variant; GPU routing
+// (softmax, top-k, renormalise, deterministic counting sort by expert); the combine.
+//
+// Tiles: BM x 128 x 64 (BM = 64 or 128), 8 warps as 2 (rows) x 4 (columns), double-buffered shared
+// memory fed through registers: the next k-tile's global loads are in flight while the tensor cores
+// work on the current one. One k-tile is one affine group (64), so a W row's scale and bias are
+// one pair per tile. A (fp32 activations) is rounded to bf16 while staged; no dequantised copy of
+// W exists anywhere in global memory.
+#include "cuda/common.cuh"
+#include "cuda/prefill.h"
+#include "cuda/prefill_mma.h"
+
+#include <mutex>
+
+namespace kestrel::cuda {
+namespace {
+
+constexpr int BN = 128, BK = 64, SK = BK + 8;  // padded shared row (bf16): conflict-free ldmatrix
+constexpr int kThreads = 256;
+
+template <int BM>
+struct GemmSmem {
+  uint16_t a[2][BM][SK];
+  uint16_t b[2][BN][SK];
+};
+
+template <DFmt F>
+struct BStage {
+  // 32 consecutive elements of one W row: BF16 64 B, Q8 32 B, Q4 16 B.
+  uint4 v[F == DFmt::BF16 ? 4 : F == DFmt::Q8 ? 2 : 1];
+  float s, b;
+};
+
+template <DFmt F>
+__device__ __forceinline__ void b_load(BStage<F>& st, const uint8_t* row, const uint16_t* srow,
+                                       const uint16_t* brow, int kt, int half, bool valid) {
+  constexpr int NV = F == DFmt::BF16 ? 4 : F == DFmt::Q8 ? 2 : 1;
+  if (!valid) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) st.v[i] = make_uint4(0, 0, 0, 0);
+    st.s = 0.f;
+    st.b = 0.f;
+    return;
+  }
+  constexpr int bytes_per_tile = F == DFmt::BF16 ? 128 : F == DFmt::Q8 ? 64 : 32;
+  const uint4* p = reinterpret_cast<const uint4*>(row + size_t(kt) * bytes_per_tile) + half * NV;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) st.v[i] = __ldg(p + i);
+  if constexpr (F != DFmt::BF16) {
+    st.s = bf16_bits_to_f32(__ldg(srow + kt));
+    st.b = bf16_bits_to_f32(__ldg(brow + kt));
+  }
+}
+
+template <DFmt F>
+__device__ __forceinline__ void b_store(const BStage<F>& st, uint16_t* dst) {
+  uint4* d = reinterpret_cast<uint4*>(dst);
+  if constexpr (F == DFmt::BF16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d[i] = st.v[i];
+  } else if constexpr (F == DFmt::Q4) {
+    const uint32_t w[4] = {st.v[0].x, st.v[0].y, st.v[0].z, st.v[0].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // word i: elements 8i..8i+7, low nibble first
+      uint32_t o[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float q0 = float((w[i] >> (8 * j)) & 15u), q1 = float((w[i] >> (8 * j + 4)) & 15u);
+        o[j] = pf::pack_bf16(fmaf(q0, st.s, st.b), fmaf(q1, st.s, st.b));
+      }
+      d[i] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+  } else {  // Q8: word i: elements 4i..4i+3, low byte first
+    const uint32_t w[8] = {st.v[0].x, st.v[0].y, st.v[0].z, st.v[0].w,
+                           st.v[1].x, st.v[1].y, st.v[1].z, st.v[1].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t o[4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t x = w[2 * i + j];
+        o[2 * j] = pf::pack_bf16(fmaf(float(x & 255u), st.s, st.b),
+                                 fmaf(float((x >> 8) & 255u), st.s, st.b));
+        o[2 * j + 1] = pf::pack_bf16(fmaf(float((x >> 16) & 255u), st.s, st.b),
+                                     fmaf(float(x >> 24), st.s, st.b));
+      }
+      d[i] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+  }
+}
+
+template <int BM, DFmt F, bool SILU>
+__global__ void __launch_bounds__(kThreads) gemm_kernel(const PrefillGemmArgs p) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  auto& sm = *reinterpret_cast<GemmSmem<BM>*>(smem_raw);
+  constexpr int MT = BM / 32;        // m16 tiles per warp (a warp covers BM/2 rows)
+  constexpr int AR = BM * 16 / kThreads;  // A float4 loads per thread per k-tile
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp >> 2, wn = warp & 3;
+
+  int64_t m0, m_end;
+  int64_t grp = 0;
+  if (p.groups > 0) {
+    const int tile = blockIdx.y;
+    if (tile >= p.tile_off[p.groups]) return;
+    int lo = 0, hi = p.groups - 1;  // the largest g with tile_off[g] <= tile (a non-empty group)
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (p.tile_off[mid] <= tile) lo = mid;
+      else hi = mid - 1;
+    }
+    grp = lo;
+    m0 = p.group_off[lo] + int64_t(tile - p.tile_off[lo]) * BM;
+    m_end = p.group_off[lo + 1];
+  } else {
+    m0 = int64_t(blockIdx.y) * BM;
+    m_end = p.M;
+  }
+  const int64_t K = p.K;
+  const int KT = int(K / BK);
+
+  // A rows of this thread.
+  const float* arow[AR];
+  const int ac4 = tid & 15;
+#pragma unroll
+  for (int i = 0; i < AR; ++i) {
+    const int r = (tid >> 4) + 16 * i;
+    const int64_t m = m0 + r;
+    if (m < m_end) {
+      const int64_t ar = p.a_rows ? int64_t(p.a_rows[m] / p.a_div) : m;
+      arow[i] = p.A + ar * p.lda + 4 * ac4;
+    } else {
+      arow[i] = nullptr;
+    }
+  }
+  // W row of this thread: shared row br, half bh (32 elements of each k-tile).
+  const int br = tid >> 1, bh = tid & 1;
+  const uint8_t* wrow;
+  const uint16_t *srow = nullptr, *brow = nullptr;
+  bool bvalid;
+  {
+    int64_t col;
+    bool up = false;
+    if constexpr (SILU) {
+      const int within = br & 31;
+      col = int64_t(blockIdx.x) * 64 + 16 * (br >> 5) + (within & 15);
+      up = within >= 16;
+    } else {
+      col = int64_t(blockIdx.x) * BN + br;
+    }
+    bvalid = col < p.N;
+    const int64_t wr = grp * p.N + (bvalid ? col : 0);
+    const size_t rb = F == DFmt::BF16 ? size_t(K) * 2 : F == DFmt::Q8 ? size_t(K) : size_t(K) / 2;
+    wrow = static_cast<const uint8_t*>(up ? p.W2.data : p.W.data) + size_t(wr) * rb;
+    if constexpr (F != DFmt::BF16) {
+      srow = (up ? p.W2.scales : p.W.scales) + wr * (K / 64);
+      brow = (up ? p.W2.biases : p.W.biases) + wr * (K / 64);
+    }
+  }
+
+  float4 areg[AR];
+  BStage<F> breg;
+  auto load_tile = [&](int kt) {
+#pragma unroll
+    for (int i = 0; i < AR; ++i)
+      areg[i] = arow[i] ? __ldg(reinterpret_cast<const float4*>(arow[i] + size_t(kt) * BK))
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+    b_load<F>(breg, wrow, srow, brow, kt, bh, bvalid);
+  };
+  auto store_tile = [&](int buf) {
+#pragma unroll
+    for (int i = 0; i < AR; ++i) {
+      const int r = (tid >> 4) + 16 * i;
+      uint2 v = make_uint2(pf::pack_bf16(areg[i].x, areg[i].y), pf::pack_bf16(areg[i].z, areg[i].w));
+      *reinterpret_cast<uint2*>(&sm.a[buf][r][4 * ac4]) = v;
+    }
+    b_store<F>(breg, &sm.b[buf][br][32 * bh]);
+  };
+
+  float acc[MT][4][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+  load_tile(0);
+  store_tile(0);
+  __syncthreads();
+  for (int kt = 0; kt < KT; ++kt) {
+    const int buf = kt & 1;
+    if (kt + 1 < KT) load_tile(kt + 1);
+#pragma unroll
+    for (int ks = 0; ks < BK / 16; ++ks) {
+      uint32_t af[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        pf::ldsm_x4(af[mt], &sm.a[buf][wm * (BM / 2) + mt * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
+      uint32_t bfr[4][2];
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t r[4];
+        pf::ldsm_x4(r, &sm.b[buf][wn * 32 + np * 16 + (lane & 7) + (lane >> 4) * 8]
+                             [ks * 16 + ((lane >> 3) & 1) * 8]);
+        bfr[2 * np][0] = r[0];
+        bfr[2 * np][1] = r[1];
+        bfr[2 * np + 1][0] = r[2];
+        bfr[2 * np + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) pf::mma_bf16(acc[mt][nt], af[mt], bfr[nt][0], bfr[nt][1]);
+    }
+    if (kt + 1 < KT) store_tile(buf ^ 1);
+    __syncthreads();
+  }
+
+  // Epilogue.
+  const bool vec2 = (p.ldc & 1) == 0;
+  const bool residual = p.epi == GemmEpi::Residual;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int64_t m = m0 + wm * (BM / 2) + mt * 16 + (lane >> 2) + 8 * hh;
+      if (m >= m_end) continue;
+      const int64_t crow = p.c_rows ? int64_t(p.c_rows[m]) : m;
+      const float sc = p.row_scale ? p.row_scale[crow] : 1.f;
+      float* c = p.C + crow * p.ldc;
+      constexpr int NTO = SILU ? 2 : 4;
+#pragma unroll
+      for (int nt = 0; nt < NTO; ++nt) {
+        float v0, v1;
+        int64_t col;
+        if constexpr (SILU) {
+          col = int64_t(blockIdx.x) * 64 + wn * 16 + nt * 8 + 2 * (lane & 3);
+          v0 = silu_f(acc[mt][nt][2 * hh]) * acc[mt][nt + 2][2 * hh] * sc;
+          v1 = silu_f(acc[mt][nt][2 * hh + 1]) * acc[mt][nt + 2][2 * hh + 1] * sc;
+        } else {
+          col = int64_t(blockIdx.x) * BN + wn * 32 + nt * 8 + 2 * (lane & 3);
+          v0 = acc[mt][nt][2 * hh] * sc;
+          v1 = acc[mt][nt][2 * hh + 1] * sc;
+        }
+        if (col + 1 < p.N && vec2) {
+          float2* q = reinterpret_cast<float2*>(c + col);
+          if (residual) {
+            const float2 o = *q;
+            v0 += o.x;
+            v1 += o.y;
+          }
+          *q = make_float2(v0, v1);
+        } else {
+          if (col < p.N) c[col] = residual ? c[col] + v0 : v0;
+          if (col + 1 < p.N) c[col + 1] = residual ? c[col + 1] + v1 : v1;
+        }
+      }
+    }
+}
+
+template <int BM, DFmt F, bool SILU>
+void launch_one(const PrefillGemmArgs& a, cudaStream_t s) {
+  const unsigned gx = unsigned(SILU ? (a.N + 63) / 64 : (a.N + BN - 1) / BN);
+  const unsigned gy = unsigned(a.groups > 0 ? a.max_tiles : (a.M + BM - 1) / BM);
+  gemm_kernel<BM, F, SILU><<<dim3(gx, gy), kThreads, sizeof(GemmSmem<BM>), s>>>(a);
+  KCUDA_LAUNCH("prefill_gemm");
+}
+
+template <int BM, DFmt F>
+void set_attrs() {
+  KCUDA(cudaFuncSetAttribute(gemm_kernel<BM, F, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             int(sizeof(GemmSmem<BM>))));
+  KCUDA(cudaFuncSetAttribute(gemm_kernel<BM, F, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             int(sizeof(GemmSmem<BM>))));
+}
+
+std::once_flag g_gemm_once;
+
+template <int BM>
+void dispatch_bm(const PrefillGemmArgs& a, cudaStream_t s) {
+  const bool silu = a.epi == GemmEpi::SiluMul;
+  switch (a.W.fmt) {
+    case DFmt::BF16:
+      silu ? launch_one<BM, DFmt::BF16, true>(a, s) : launch_one<BM, DFmt::BF16, false>(a, s);
+      break;
+    case DFmt::Q4:
+      silu ? launch_one<BM, DFmt::Q4, true>(a, s) : launch_one<BM, DFmt::Q4, false>(a, s);
+      break;
+    case DFmt::Q8:
+      silu ? launch_one<BM, DFmt::Q8, true>(a, s) : launch_one<BM, DFmt::Q8, false>(a, s);
+      break;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routing: one warp per token; the token's E logits in shared memory.
+constexpr int kRouteWarps = 8;
+constexpr int kRouteMaxE = 1024;
+
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (ov > v || (ov == v && oi < i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kRouteWarps * 32) route_topk_kernel(const MoeRouteArgs a) {
+  __shared__ float sp[kRouteWarps][kRouteMaxE];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t t = int64_t(blockIdx.x) * kRouteWarps + warp;
+  if (t >= a.T) return;
+  const int E = a.E;
+  float* p = sp[warp];
+  const float* l = a.logits + t * E;
+  float mx = -INFINITY;
+  for (int e = lane; e < E; e += 32) {
+    const float v = l[e];
+    p[e] = v;
+    mx = fmaxf(mx, v);
+  }
+  mx = warp_max(mx);
+  float sum = 0.f;
+  for (int e = lane; e < E; e += 32) {
+    const float v = expf(p[e] - mx);
+    p[e] = v;
+    sum += v;
+  }
+  sum = warp_sum(sum);
+  const float inv = 1.f / sum;
+  for (int e = lane; e < E; e += 32) p[e] *= inv;
+  __syncwarp();
+  int sel[16];
+  float selw[16];
+  float top = 0.f;
+  for (int k = 0; k < a.topk; ++k) {
+    float bv = -1.f;
+    int bi = 0x7fffffff;
+    for (int e = lane; e < E; e += 32) {
+      const float v = p[e];
+      if (v > bv) {  // strided ascending scan: the first of equal values is the lowest index
+        bv = v;
+        bi = e;
+      }
+    }
+    warp_argmax(bv, bi);
+    sel[k < 16 ? k : 15] = bi;
+    selw[k < 16 ? k : 15] = bv;
+    top += bv;
+    __syncwarp();
+    if (lane == (bi & 31)) p[bi] = -2.f;  // taken
+    __syncwarp();
+  }
+  if (lane == 0) {
+    // Ascending expert order (insertion sort of <= 16 entries).
+    for (int i = 1; i < a.topk; ++i) {
+      const int e = sel[i];
+      const float w = selw[i];
+      int j = i - 1;
+      while (j >= 0 && sel[j] > e) {
+        sel[j + 1] = sel[j];
+        selw[j + 1] = selw[j];
+        --j;
+      }
+      sel[j + 1] = e;
+      selw[j + 1] = w;
+    }
+    for (int i = 0; i < a.topk; ++i) {
+      a.topk_idx[t * a.topk + i] = sel[i];
+      a.topk_w[t * a.topk + i] = selw[i] / top;
+    }
+  }
+}
+
+// One block per expert: count (pass 0) or scatter in ascending slot order (pass 1).
+constexpr int kSortThreads = 1024;
+__global__ void __launch_bounds__(kSortThreads) route_sort_kernel(const MoeRouteArgs a, int pass) {
+  __shared__ int wsum[32];
+  __shared__ int base;
+  const int e = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t n = a.T * a.topk;
+  if (threadIdx.x == 0) base = pass ? a.group_off[e] : 0;
+  __syncthreads();
+  for (int64_t s0 = 0; s0 < n; s0 += kSortThreads) {
+    const int64_t s = s0 + threadIdx.x;
+    const bool hit = s < n && a.topk_idx[s] == e;
+    const unsigned bal = __ballot_sync(0xffffffffu, hit);
+    if (lane == 0) wsum[warp] = __popc(bal);
+    __syncthreads();
+    if (warp == 0) {  // exclusive scan of the 32 warp counts
+      const int v = wsum[lane];
+      int incl = v;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += u;
+      }
+      wsum[lane] = incl - v;
+    }
+    __syncthreads();
+    const int pos = base + wsum[warp] + __popc(bal & ((1u << lane) - 1u));
+    if (hit && pass) a.sorted[pos] = int(s);
+    __syncthreads();
+    if (threadIdx.x == kSortThreads - 1) base = pos + (hit ? 1 : 0);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0 && !pass) a.counts[e] = base;
+}
+
+// Exclusive prefix of counts and of their tiles (one block).
+__global__ void route_scan_kernel(const MoeRouteArgs a) {
+  if (threadIdx.x != 0) return;
+  int off = 0, toff = 0;
+  for (int e = 0; e < a.E; ++e) {
+    a.group_off[e] = off;
+    a.tile_off[e] = toff;
+    const int c = a.counts[e];
+    off += c;
+    toff += (c + kPrefillBM - 1) / kPrefillBM;
+  }
+  a.group_off[a.E] = off;
+  a.tile_off[a.E] = toff;
+}
+
+__global__ void combine_kernel(const MoeCombineArgs a) {
+  const int64_t h4 = a.hidden / 4;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= a.T * h4) return;
+  const int64_t t = i / h4, c = (i % h4) * 4;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int r = 0; r < a.topk; ++r) {
+    const float4 v = *reinterpret_cast<const float4*>(a.slot_out + (t * a.topk + r) * a.hidden + c);
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  if (a.shared) {
+    const float g = a.sgate ? sigmoid_f(a.sgate[t]) : 1.f;
+    const float4 v = *reinterpret_cast<const float4*>(a.shared + t * a.hidden + c);
+    acc.x += g * v.x;
+    acc.y += g * v.y;
+    acc.z += g * v.z;
+    acc.w += g * v.w;
+  }
+  float4* o = reinterpret_cast<float4*>(a.out + t * a.hidden + c);
+  if (a.accumulate) {
+    const float4 v = *o;
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  *o = acc;
+}
+
+}  // namespace
+
+void prefill_gemm_init() {
+  std::call_once(g_gemm_once, [] {
+    set_attrs<64, DFmt::BF16>();
+    set_attrs<64, DFmt::Q4>();
+    set_attrs<64, DFmt::Q8>();
+    set_attrs<128, DFmt::BF16>();
+    set_attrs<128, DFmt::Q4>();
+    set_attrs<128, DFmt::Q8>();
+  });
+}
+
+void prefill_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s) {
+  prefill_gemm_init();
+  if (a.groups > 0) {
+    dispatch_bm<kPrefillBM>(a, s);
+    return;
+  }
+  // Dense: 128-row tiles when they still fill the machine, else 64.
+  const int64_t ncols = a.epi == GemmEpi::SiluMul ? (a.N + 63) / 64 : (a.N + BN - 1) / BN;
+  const bool big = a.M > 64 && ncols * ((a.M + 127) / 128) >= num_sms();
+  if (big) dispatch_bm<128>(a, s);
+  else dispatch_bm<64>(a, s);
+}
+
+void moe_route_launch(const MoeRouteArgs& a, cudaStream_t s) {
+  route_topk_kernel<<<unsigned((a.T + kRouteWarps - 1) / kRouteWarps), kRouteWarps * 32, 0, s>>>(a);
+  KCUDA_LAUNCH("moe_route topk");
+  route_sort_kernel<<<unsigned(a.E), kSortThreads, 0, s>>>(a, 0);
+  KCUDA_LAUNCH("moe_route count");
+  route_scan_kernel<<<1, 32, 0, s>>>(a);
+  KCUDA_LAUNCH("moe_route scan");
+  route_sort_kernel<<<unsigned(a.E), kSortThreads, 0, s>>>(a, 1);
+  KCUDA_LAUNCH("moe_route scatter");
+}
+
+void moe_combine_launch(const MoeCombineArgs& a, cudaStream_t s) {
+  const int64_t n = a.T * (a.hidden / 4);
+  combine_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(a);
+  KCUDA_LAUNCH("moe_combine");
+}
+
+void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
+                        const MoePrefillScratch& sc, float* out, bool accumulate, cudaStream_t s) {
+  const int64_t slots = T * w.topk;
+  // Router logits.
+  PrefillGemmArgs g;
+  g.M = T;
+  g.N = w.E;
+  g.K = w.hidden;
+  g.A = h;
+  g.lda = w.hidden;
+  g.W = w.router;
+  g.C = sc.logits;
+  g.ldc = w.E;
+  prefill_gemm_launch(g, s);
+  MoeRouteArgs r;
+  r.logits = sc.logits;
+  r.T = T;
+  r.E = w.E;
+  r.topk = w.topk;
+  r.topk_idx = sc.topk_idx;
+  r.topk_w = sc.topk_w;
+  r.counts = sc.counts;
+  r.group_off = sc.group_off;
+  r.tile_off = sc.tile_off;
+  r.sorted = sc.sorted;
+  moe_route_launch(r, s);
+  // Routed experts: act[p] = silu(gate_e h_t) * (up_e h_t) for sorted position p (slot t*k+r).
+  const int max_tiles = moe_max_tiles(T, w.topk, w.E);
+  PrefillGemmArgs gu;
+  gu.M = slots;
+  gu.N = w.I;
+  gu.K = w.hidden;
+  gu.A = h;
+  gu.lda = w.hidden;
+  gu.a_rows = sc.sorted;
+  gu.a_div = w.topk;
+  gu.W = w.gate;
+  gu.W2 = w.up;
+  gu.epi = GemmEpi::SiluMul;
+  gu.C = sc.act;
+  gu.ldc = w.I;
+  gu.groups = w.E;
+  gu.group_off = sc.group_off;
+  gu.tile_off = sc.tile_off;
+  gu.max_tiles = max_tiles;
+  prefill_gemm_launch(gu, s);
+  // slot_out[slot] = w_slot * down_e act[p].
+  PrefillGemmArgs dn;
+  dn.M = slots;
+  dn.N = w.hidden;
+  dn.K = w.I;
+  dn.A = sc.act;
+  dn.lda = w.I;
+  dn.W = w.down;
+  dn.C = sc.slot_out;
+  dn.ldc = w.hidden;
+  dn.c_rows = sc.sorted;
+  dn.row_scale = sc.topk_w;
+  dn.groups = w.E;
+  dn.group_off = sc.group_off;
+  dn.tile_off = sc.tile_off;
+  dn.max_tiles = max_tiles;
+  prefill_gemm_launch(dn, s);
+  // Shared expert.
+  const bool has_shared = w.shared_down.valid();
+  if (has_shared) {
+    PrefillGemmArgs sg;
+    sg.M = T;
+    sg.N = w.Is;
+    sg.K = w.hidden;
+    sg.A = h;
+    sg.lda = w.hidden;
+    sg.W = w.shared_gate;
+    sg.W2 = w.shared_up;
+    sg.epi = GemmEpi::SiluMul;
+    sg.C = sc.sact;
+    sg.ldc = w.Is;
+    prefill_gemm_launch(sg, s);
+    PrefillGemmArgs sd;
+    sd.M = T;
+    sd.N = w.hidden;
+    sd.K = w.Is;
+    sd.A = sc.sact;
+    sd.lda = w.Is;
+    sd.W = w.shared_down;
+    sd.C = sc.shared;
+    sd.ldc = w.hidden;
+    prefill_gemm_launch(sd, s);
+    if (w.shared_expert_gate.valid()) {
+      PrefillGemmArgs sgt;
+      sgt.M = T;
+      sgt.N = 1;
+      sgt.K = w.hidden;
+      sgt.A = h;
+      sgt.lda = w.hidden;
+      sgt.W = w.shared_expert_gate;
+      sgt.C = sc.sgate;
+      sgt.ldc = 1;
+      prefill_gemm_launch(sgt, s);
+    }
+  }
+  MoeCombineArgs c;
+  c.T = T;
+  c.hidden = w.hidden;
+  c.topk = w.topk;
+  c.slot_out = sc.slot_out;
+  c.shared = has_shared ? sc.shared : nullptr;
+  c.sgate = has_shared && w.shared_expert_gate.valid() ? sc.sgate : nullptr;
+  c.out = out;
+  c.accumulate = accumulate;
+  moe_combine_launch(c, s);
+}
+
+}  // namespace kestrel::cuda
