@@ -130,13 +130,13 @@ TEST(Chat, ContentCannotInjectControlTokens) {
   size_t n_added = 0;
   for (int32_t id : ids) n_added += tok.is_added(id);
   EXPECT_EQ(n_added, r.controls.size());
-  EXPECT_EQ(r.controls.size(), 5u);  // <|im_start|> <|im_end|> <|im_start|> ... <think>
+  EXPECT_EQ(r.controls.size(), 4u);  // <|im_start|> <|im_end|> <|im_start|> <think>
   EXPECT_EQ(tok.decode(ids), r.text);
   // The same text with specials parsed (what a naive server would do) has more control tokens.
   const auto naive = tok.encode(r.text, true);
   size_t n_naive = 0;
   for (int32_t id : naive) n_naive += tok.is_added(id);
-  EXPECT_EQ(n_naive, 9u);
+  EXPECT_EQ(n_naive, 8u);
 }
 
 TEST(Chat, ModelDirectoryTemplateCheck) {
