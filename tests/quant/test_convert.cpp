@@ -141,6 +141,32 @@ TEST(Convert, FusedExpertLayoutMatchesQuantizeAtLoad) {
   for (size_t i = 0; i < x.size(); ++i) expect_same_mat(x[i].second, y[i].second, x[i].first);
 }
 
+// A sharded HF input (model-0000i-of-0000N.safetensors + index, as the official checkpoint ships)
+// converts to the same bytes as the single-file one.
+TEST(Convert, ShardedHfInput) {
+  TmpDir d("shardin");
+  const fs::path in = d.path / "in";
+  fs::create_directories(in);
+  for (const char* f : {"config.json", "generation_config.json"}) fs::copy_file(fixtures() / "tiny" / f, in / f);
+  auto all = read_all(fixtures() / "tiny" / "model.safetensors");
+  json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", json::object()}};
+  for (int s = 0; s < 3; ++s) {
+    const std::string name = fmt::format("model-{:05d}-of-00003.safetensors", s + 1);
+    std::vector<TensorToWrite> tw;
+    for (size_t i = size_t(s); i < all.size(); i += 3) {
+      tw.push_back({all[i].name, all[i].dtype, all[i].shape, all[i].bytes});
+      index["weight_map"][all[i].name] = name;
+    }
+    write_safetensors(in / name, tw);
+  }
+  std::ofstream(in / "model.safetensors.index.json") << index.dump();
+  quant::convert_hf_to_mlx(in, d.path / "out", {});
+  const auto ours = by_name(d.path / "out" / "model.safetensors");
+  const auto script = by_name(fixtures() / "tiny-mlx4" / "model.safetensors");
+  ASSERT_EQ(ours.size(), script.size());
+  for (const auto& [name, t] : script) EXPECT_TRUE(ours.count(name) && ours.at(name).bytes == t.bytes) << name;
+}
+
 TEST(Convert, RefusesBadInputs) {
   TmpDir d("refuse");
   expect_error([&] { quant::convert_hf_to_mlx(fixtures() / "tiny-mlx4", d.path / "a", {}); },
