@@ -163,7 +163,13 @@ std::unique_ptr<ModelWeights> load_mlx_weights(const std::filesystem::path& dir,
   w->source_format = fmt::format("mlx-q{}", q.bits);
   TensorLoader tl(*ckpt);
   MlxLoader L{tl, *ckpt, *w, opts, q, {}, ckpt->total_bytes(), 0};
+  // Overrides of the parts kestrel does not load (vision tower, MTP block) are not validated.
+  const char* const kSkipped[] = {"vision_tower.", "language_model.vision_tower.", "mtp.",
+                                  "language_model.mtp."};
   for (const auto& o : q.overrides) {
+    bool skipped = false;
+    for (const char* p : kSkipped) skipped |= o.module.rfind(p, 0) == 0;
+    if (skipped) continue;
     check_params(src, "." + o.module, o.bits, o.group_size);
     L.overrides[o.module] = &o;
   }
@@ -229,10 +235,7 @@ std::unique_ptr<ModelWeights> load_mlx_weights(const std::filesystem::path& dir,
     w->layers.push_back(std::move(lw));
   }
   // Out of scope, as in the HF loader: the vision tower (mlx-vlm conversions) and the MTP block.
-  tl.skip_prefix("vision_tower.");
-  tl.skip_prefix("language_model.vision_tower.");
-  tl.skip_prefix("mtp.");
-  tl.skip_prefix("language_model.mtp.");
+  for (const char* p : kSkipped) tl.skip_prefix(p);
   tl.finish();
   return w;
 }

@@ -100,11 +100,15 @@ TEST(MlxLoader, IdenticalToHfCheckpointQuantizedAtLoad) {
 
 TEST(MlxLoader, SkipsMtpAndVisionAndRealignsMisalignedTensors) {
   TmpDir d("align");
-  write_variant(mlx4(), d.path, [](std::vector<Tensor>& t) {
-    // An odd-sized 2-byte tensor first: every later tensor lands at an odd offset.
-    t.insert(t.begin(), Tensor{"language_model.mtp.norm.weight", DType::BF16, {3}, std::vector<uint8_t>(6, 0)});
-    t.push_back({"vision_tower.blocks.0.attn.qkv.weight", DType::BF16, {2, 2}, std::vector<uint8_t>(8, 0)});
-  });
+  write_variant(
+      mlx4(), d.path,
+      [](std::vector<Tensor>& t) {
+        // An odd-sized 2-byte tensor first: every later tensor lands at an odd offset.
+        t.insert(t.begin(), Tensor{"language_model.mtp.norm.weight", DType::BF16, {3}, std::vector<uint8_t>(6, 0)});
+        t.push_back({"vision_tower.blocks.0.attn.qkv.weight", DType::BF16, {2, 2}, std::vector<uint8_t>(8, 0)});
+      },
+      // mlx-vlm style overrides for the skipped parts are not validated.
+      [](json& c) { c["quantization"]["vision_tower.blocks.0.attn.qkv"] = {{"bits", 6}, {"group_size", 32}}; });
   auto w = load_weights(d.path);
   EXPECT_FALSE(w->owned.empty()) << "misaligned quantized tensors are copied once, aligned";
   auto ref = load_weights(mlx4());
