@@ -1,0 +1,253 @@
+// Causal flash attention for prefill (head dim 256, GQA), on tensor cores (mma.sync m16n8k16 bf16,
+// fp32 accumulate, online softmax in fp32, probabilities rounded to bf16 before P V as the
+// reference does). Prep kernel: q/k RMSNorm + NeoX partial RoPE, q to a bf16 buffer, k and v
+// appended to the bf16 KV cache in the decode layout [capacity, kv_heads, D]. Epilogue: 1/l and the
+// sigmoid output gate.
+//
+// Block = 64 query rows of one head (4 warps x 16 rows); key tiles of 32 staged in shared memory.
+#include "cuda/common.cuh"
+#include "cuda/prefill.h"
+#include "cuda/prefill_mma.h"
+
+#include <mutex>
+
+namespace kestrel::cuda {
+namespace {
+
+constexpr int D = 256;
+constexpr int DP = D + 8;  // padded shared row (bf16)
+constexpr int QT = 64, KT = 32;
+constexpr int kThreads = 128;
+
+struct AttnSmem {
+  uint16_t q[QT][DP];
+  uint16_t k[KT][DP];
+  uint16_t v[KT][DP];
+};
+
+// One warp per row: q rows (T*H), then k rows (T*Hkv), then v rows (T*Hkv).
+__global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a) {
+  __shared__ float buf[8][D];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * 8 + warp;
+  const int64_t nq = a.T * a.heads, nk = a.T * a.kv_heads;
+  if (row >= nq + 2 * nk) return;
+  const float* src;
+  const float* w = nullptr;
+  uint16_t* dst;
+  int64_t t;
+  if (row < nq) {
+    t = row / a.heads;
+    const int h = int(row % a.heads);
+    src = a.qg + t * (int64_t(a.heads) * 2 * D) + int64_t(h) * 2 * D;
+    w = a.q_norm;
+    dst = a.qbuf + (t * a.heads + h) * D;
+  } else if (row < nq + nk) {
+    const int64_t r = row - nq;
+    t = r / a.kv_heads;
+    const int h = int(r % a.kv_heads);
+    src = a.k + t * (int64_t(a.kv_heads) * D) + int64_t(h) * D;
+    w = a.k_norm;
+    dst = a.kcache + ((a.pos0 + t) * a.kv_heads + h) * D;
+  } else {
+    const int64_t r = row - nq - nk;
+    t = r / a.kv_heads;
+    const int h = int(r % a.kv_heads);
+    src = a.v + t * (int64_t(a.kv_heads) * D) + int64_t(h) * D;
+    dst = a.vcache + ((a.pos0 + t) * a.kv_heads + h) * D;
+  }
+  float x[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) x[e] = src[8 * lane + e];
+  if (w) {
+    float ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss += x[e] * x[e];
+    ss = warp_sum(ss);
+    const float inv = rsqrtf(ss / float(D) + a.eps);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) buf[warp][8 * lane + e] = x[e] * inv * w[8 * lane + e];
+    __syncwarp();
+    const int half = a.rotary_dim / 2;
+    const float theta = float(a.rope_theta);
+    const float p = float(a.pos0 + t);
+    for (int i = lane; i < half; i += 32) {
+      const float inv_freq = 1.f / powf(theta, float(2 * i) / float(a.rotary_dim));
+      const float ang = p * inv_freq;
+      const float c = cosf(ang), s = sinf(ang);
+      const float x1 = buf[warp][i], x2 = buf[warp][i + half];
+      buf[warp][i] = x1 * c - x2 * s;
+      buf[warp][i + half] = x2 * c + x1 * s;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[e] = buf[warp][8 * lane + e];
+  }
+  uint4 o;
+  o.x = pf::pack_bf16(x[0], x[1]);
+  o.y = pf::pack_bf16(x[2], x[3]);
+  o.z = pf::pack_bf16(x[4], x[5]);
+  o.w = pf::pack_bf16(x[6], x[7]);
+  reinterpret_cast<uint4*>(dst)[lane] = o;
+}
+
+__global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  AttnSmem& sm = *reinterpret_cast<AttnSmem*>(smem_raw);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int h = blockIdx.y, kvh = h / (a.heads / a.kv_heads);
+  const int64_t q0 = int64_t(blockIdx.x) * QT;
+  const int64_t nkeys = a.pos0 + a.T;
+  const int64_t kstride = int64_t(a.kv_heads) * D;
+
+  // Q tile (rows beyond T zero).
+  for (int i = tid; i < QT * (D / 8); i += kThreads) {
+    const int r = i / (D / 8), c8 = i % (D / 8);
+    const int64_t t = q0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (t < a.T) v = reinterpret_cast<const uint4*>(a.qbuf + (t * a.heads + h) * D)[c8];
+    *reinterpret_cast<uint4*>(&sm.q[r][8 * c8]) = v;
+  }
+
+  float o[32][4];
+#pragma unroll
+  for (int n = 0; n < 32; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+  const float sl2 = rsqrtf(float(D)) * 1.4426950408889634f;  // scale * log2(e)
+  const int64_t qpos[2] = {a.pos0 + q0 + warp * 16 + (lane >> 2), a.pos0 + q0 + warp * 16 + (lane >> 2) + 8};
+  const int64_t last_q = a.pos0 + min(q0 + QT, a.T) - 1;  // the block's last query position
+
+  for (int64_t kv0 = 0; kv0 <= last_q; kv0 += KT) {
+    __syncthreads();  // previous tile fully consumed (and Q staged on the first pass)
+    for (int i = tid; i < KT * (D / 8); i += kThreads) {
+      const int r = i / (D / 8), c8 = i % (D / 8);
+      const int64_t kp = kv0 + r;
+      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+      if (kp < nkeys) {
+        kv = reinterpret_cast<const uint4*>(a.kcache + kp * kstride + int64_t(kvh) * D)[c8];
+        vv = reinterpret_cast<const uint4*>(a.vcache + kp * kstride + int64_t(kvh) * D)[c8];
+      }
+      *reinterpret_cast<uint4*>(&sm.k[r][8 * c8]) = kv;
+      *reinterpret_cast<uint4*>(&sm.v[r][8 * c8]) = vv;
+    }
+    __syncthreads();
+    // S = Q K^T (16 x 32 per warp).
+    float s[4][4];
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      uint32_t af[4];
+      pf::ldsm_x4(af, &sm.q[warp * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t r[4];
+        pf::ldsm_x4(r, &sm.k[np * 16 + (lane & 7) + (lane >> 4) * 8][ks * 16 + ((lane >> 3) & 1) * 8]);
+        pf::mma_bf16(s[2 * np], af, r[0], r[1]);
+        pf::mma_bf16(s[2 * np + 1], af, r[2], r[3]);
+      }
+    }
+    // Online softmax (base 2), causal mask.
+    float p[4][4];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t kp = kv0 + n * 8 + 2 * (lane & 3) + e;
+          const float v = kp <= qpos[hh] ? s[n][2 * hh + e] * sl2 : -INFINITY;
+          s[n][2 * hh + e] = v;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mnew = fmaxf(mrow[hh], mx);
+      const float muse = mnew == -INFINITY ? 0.f : mnew;
+      const float corr = exp2f(mrow[hh] - muse);
+      mrow[hh] = mnew;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float v = exp2f(s[n][2 * hh + e] - muse);
+          p[n][2 * hh + e] = v;
+          sum += v;
+        }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      lrow[hh] = lrow[hh] * corr + sum;
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        o[n][2 * hh] *= corr;
+        o[n][2 * hh + 1] *= corr;
+      }
+    }
+    // O += P V.
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; ++kk) {
+      uint32_t af[4];
+      af[0] = pf::pack_bf16(p[2 * kk][0], p[2 * kk][1]);
+      af[1] = pf::pack_bf16(p[2 * kk][2], p[2 * kk][3]);
+      af[2] = pf::pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+      af[3] = pf::pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t r[4];
+        pf::ldsm_x4_t(r, &sm.v[kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][dp * 16 + (lane >> 4) * 8]);
+        pf::mma_bf16(o[2 * dp], af, r[0], r[1]);
+        pf::mma_bf16(o[2 * dp + 1], af, r[2], r[3]);
+      }
+    }
+  }
+  // Epilogue: 1/l, output gate.
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int64_t t = q0 + warp * 16 + (lane >> 2) + 8 * hh;
+    if (t >= a.T) continue;
+    const float inv = 1.f / lrow[hh];
+    float* out = a.out + t * (int64_t(a.heads) * D) + int64_t(h) * D;
+    const float* gate = a.qg + t * (int64_t(a.heads) * 2 * D) + int64_t(h) * 2 * D + D;
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      const int d = n * 8 + 2 * (lane & 3);
+      float v0 = o[n][2 * hh] * inv, v1 = o[n][2 * hh + 1] * inv;
+      if (a.gated) {
+        v0 *= sigmoid_f(gate[d]);
+        v1 *= sigmoid_f(gate[d + 1]);
+      }
+      *reinterpret_cast<float2*>(out + d) = make_float2(v0, v1);
+    }
+  }
+}
+
+std::once_flag g_attn_once;
+
+}  // namespace
+
+void prefill_attn_init() {
+  std::call_once(g_attn_once, [] {
+    KCUDA(cudaFuncSetAttribute(flash_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(sizeof(AttnSmem))));
+  });
+}
+
+void prefill_attn_prep_launch(const PrefillAttnArgs& a, cudaStream_t s) {
+  const int64_t rows = a.T * (a.heads + 2 * a.kv_heads);
+  attn_prep_kernel<<<unsigned((rows + 7) / 8), 256, 0, s>>>(a);
+  KCUDA_LAUNCH("prefill_attn prep");
+}
+
+void prefill_attn_launch(const PrefillAttnArgs& a, cudaStream_t s) {
+  prefill_attn_init();
+  flash_kernel<<<dim3(unsigned((a.T + QT - 1) / QT), unsigned(a.heads)), kThreads, sizeof(AttnSmem), s>>>(a);
+  KCUDA_LAUNCH("prefill_attn");
+}
+
+}  // namespace kestrel::cuda
