@@ -11,6 +11,8 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <system_error>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -72,8 +74,17 @@ inline std::string nfc(const std::string& s) {
   return out;
 }
 
+// Per-process scratch directories, removed when the test binary exits.
 inline fs::path temp_dir(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("kestrel_tok_" + name + "_" + std::to_string(::getpid()));
+  struct Root {
+    fs::path path = fs::temp_directory_path() / ("kestrel_tok_" + std::to_string(::getpid()));
+    ~Root() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static Root root;
+  fs::path d = root.path / name;
   fs::create_directories(d);
   return d;
 }
