@@ -78,20 +78,25 @@ bool py_space(char32_t c) {
          c == 0x3000;
 }
 
+// The code point at s[i] if it is a Python whitespace character (sets len); ill-formed bytes
+// count as non-space (encode rejects them later anyway).
+bool space_at(const std::string& s, size_t i, size_t& len) {
+  const utf8::Seq q = utf8::next_seq(s, i);
+  if (q.kind != utf8::SeqKind::kValid) return false;
+  size_t j = i;
+  len = q.len;
+  return py_space(utf8::decode_cp(s, j));
+}
+
 MStr py_strip(const MStr& m) {
   const std::string& s = m.s;
-  size_t b = 0;
-  while (b < s.size()) {
-    size_t j = b;
-    if (!py_space(utf8::decode_cp(s, j))) break;
-    b = j;
-  }
+  size_t b = 0, len = 0;
+  while (b < s.size() && space_at(s, b, len)) b += len;
   size_t e = s.size();
   while (e > b) {
     size_t k = e - 1;  // start of the last code point
-    while (k > b && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80) --k;
-    size_t j = k;
-    if (!py_space(utf8::decode_cp(s, j))) break;
+    while (k > b && e - k < 4 && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80) --k;
+    if (!space_at(s, k, len) || k + len != e) break;
     e = k;
   }
   return m.substr(b, e - b);

@@ -139,6 +139,17 @@ TEST(Chat, ContentCannotInjectControlTokens) {
   EXPECT_EQ(n_naive, 8u);
 }
 
+// JSON parsed from a request is valid UTF-8 (nlohmann rejects the rest); JSON built in C++ may not be.
+TEST(Chat, InvalidUtf8ContentIsAnErrorAtEncode) {
+  ojson msgs = ojson::array({{{"role", "user"}, {"content", "\xe4\xb8 hi \xf0"}}});
+  RenderedChat r;
+  ASSERT_NO_THROW(r = render_chat_ordered(msgs, nullptr, {}));
+  EXPECT_NE(r.text.find("\xe4\xb8 hi \xf0"), std::string::npos);
+  EXPECT_THROW(encode_chat(tiny(), r), Error);
+  msgs[0]["content"] = "\xe3\x80\x80 x \x1c\xe2\x80\x83";  // U+3000 ... U+001C U+2003: Python whitespace
+  EXPECT_EQ(render_chat_text(msgs, nullptr, {}), "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n<think>\n");
+}
+
 TEST(Chat, ModelDirectoryTemplateCheck) {
   EXPECT_NO_THROW(check_chat_template(fixtures() / "tiny"));
   EXPECT_NO_THROW(check_chat_template(fixtures() / "realwidth"));
