@@ -35,7 +35,7 @@ void setup_quantize(CLI::App& root) {
     opts.bits = 4;
     opts.max_shard_bytes = size_t(args->shard_gib * double(size_t(1) << 30));
     const bool tty = isatty(fileno(stderr));
-    int last_pct = -1;
+    int last_pct = -1, next_mark = 10;
     opts.progress = [&](size_t done, size_t total) {
       const int pct = total ? int(100.0 * double(done) / double(total)) : 100;
       if (pct == last_pct) return;
@@ -44,8 +44,9 @@ void setup_quantize(CLI::App& root) {
         const int w = 40, fill = pct * w / 100;
         std::fprintf(stderr, "\rquantizing [%.*s%*s] %3d%%", fill,
                      "########################################", w - fill, "", pct);
-      } else if (pct % 10 == 0) {
+      } else if (pct >= next_mark) {  // a log line every 10% when not on a terminal
         std::fprintf(stderr, "quantizing: %d%%\n", pct);
+        next_mark = pct / 10 * 10 + 10;
       }
     };
     const auto t0 = std::chrono::steady_clock::now();
@@ -53,10 +54,11 @@ void setup_quantize(CLI::App& root) {
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (tty) std::fprintf(stderr, "\n");
-    std::printf("wrote %s: %zu tensors in %zu shard(s), %.3f GB (from %.3f GB of text weights) in "
-                "%.1f s\n",
+    std::printf("wrote %s: %zu tensors in %zu shard(s), %.3f GB (from %.3f GB of text weights), "
+                "%.3f bits per weight, in %.1f s\n",
                 args->out.c_str(), rep.tensors_written, rep.shards, double(rep.bytes_out) / 1e9,
-                double(rep.bytes_in) / 1e9, secs);
+                double(rep.bytes_in) / 1e9,
+                rep.parameters ? 8.0 * double(rep.bytes_out) / double(rep.parameters) : 0.0, secs);
     if (rep.dropped)
       std::printf("dropped %zu tensors of the vision tower / MTP block (not part of the MLX text "
                   "layout)\n", rep.dropped);

@@ -337,6 +337,7 @@ ConvertReport convert_hf_to_mlx(const fs::path& in_dir, const fs::path& out_dir,
     rep.tensors_written += tw.size();
   }
   rep.shards = shards.size();
+  rep.parameters = total_params;
   (void)total_out;
   {
     json index = {{"metadata", {{"total_size", rep.bytes_out}, {"total_parameters", total_params}}},

@@ -89,6 +89,7 @@ struct ConvertReport {
   size_t bytes_in = 0, bytes_out = 0;  // safetensors payload read (text model) and written
   size_t shards = 0;
   size_t dropped = 0;                  // tensors not carried over (model.visual.*, mtp.*)
+  int64_t parameters = 0;              // weights written (matrices at their logical size)
   std::vector<std::string> unquantized;  // matrices kept in the source dtype (width rule)
 };
 
