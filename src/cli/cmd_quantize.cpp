@@ -2,13 +2,12 @@
 // MLX affine 4-bit layout (routers and shared-expert gates 8-bit), which kestrel (and mlx-lm) load.
 #include "cli/commands.h"
 #include "core/check.h"
+#include "quant/progress.h"
 #include "quant/quant.h"
 
 #include <chrono>
 #include <cstdio>
 #include <string>
-
-#include <unistd.h>
 
 namespace {
 
@@ -34,26 +33,12 @@ void setup_quantize(CLI::App& root) {
     kestrel::quant::ConvertOptions opts;
     opts.bits = 4;
     opts.max_shard_bytes = size_t(args->shard_gib * double(size_t(1) << 30));
-    const bool tty = isatty(fileno(stderr));
-    int last_pct = -1, next_mark = 10;
-    opts.progress = [&](size_t done, size_t total) {
-      const int pct = total ? int(100.0 * double(done) / double(total)) : 100;
-      if (pct == last_pct) return;
-      last_pct = pct;
-      if (tty) {
-        const int w = 40, fill = pct * w / 100;
-        std::fprintf(stderr, "\rquantizing [%.*s%*s] %3d%%", fill,
-                     "########################################", w - fill, "", pct);
-      } else if (pct >= next_mark) {  // a log line every 10% when not on a terminal
-        std::fprintf(stderr, "quantizing: %d%%\n", pct);
-        next_mark = pct / 10 * 10 + 10;
-      }
-    };
+    const kestrel::ProgressFn bar = kestrel::quant::progress_bar("quantizing");
+    opts.progress = [&](size_t done, size_t total) { bar({done, total}); };
     const auto t0 = std::chrono::steady_clock::now();
     const auto rep = kestrel::quant::convert_hf_to_mlx(args->model, args->out, opts);
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (tty) std::fprintf(stderr, "\n");
     std::printf("wrote %s: %zu tensors in %zu shard(s), %.3f GB (from %.3f GB of text weights), "
                 "%.3f bits per weight, in %.1f s\n",
                 args->out.c_str(), rep.tensors_written, rep.shards, double(rep.bytes_out) / 1e9,
