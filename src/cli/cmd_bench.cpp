@@ -1,0 +1,196 @@
+// kestrel bench: batch-1 decode speed on the GPU, written as JSON records under bench/results/.
+//   kestrel bench --synthetic q4|bf16 [--contexts 0,4096,32768,131072] [--steps 64] [--warmup 16]
+//   kestrel bench --model DIR [...]           (a real checkpoint on --device cuda)
+// Each record: kind=decode, weights, context, tok_per_s (from the median step time of >= 64 graph
+// replays after warm-up), achieved_gb_per_s (bytes the step must move / median step time),
+// floor_tok_per_s at 4.0 TB/s and the fraction reached, gpu, git_sha, date.
+#include "cli/commands.h"
+#include "core/check.h"
+#include "engine/engine.h"
+
+#if defined(KESTREL_HAS_CUDA)
+#include "cuda/cuda_backend.h"
+#include "cuda/kernels.h"
+
+#include <cuda_runtime.h>
+#endif
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct BenchOpts {
+  std::string synthetic;
+  std::string model;
+  std::string contexts = "0,4096,32768,131072";
+  int steps = 64;
+  int warmup = 16;
+  int layers = 0;  // synthetic: 0 = all 40
+  std::string out_dir = "bench/results";
+  uint64_t seed = 1;
+  std::string pdl = "both";  // programmatic dependent launch: on | off | both
+};
+
+constexpr double kBandwidth = 4.0e12;  // measured H200 ceiling (performance.md §0.1), bytes/s
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+std::string git_sha() {
+  if (const char* e = std::getenv("KESTREL_GIT_SHA"); e && *e) return e;
+  std::string s;
+  if (FILE* p = popen("git rev-parse HEAD 2>/dev/null", "r")) {
+    char buf[128];
+    if (std::fgets(buf, sizeof buf, p)) s = buf;
+    pclose(p);
+  }
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+  return s.empty() ? "unknown" : s;
+}
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    KESTREL_CHECK(!item.empty(), "--contexts: empty entry in '{}'", s);
+    size_t used = 0;
+    long long x = 0;
+    try {
+      x = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    KESTREL_CHECK(used == item.size() && x >= 0, "--contexts: '{}' is not a token count", item);
+    v.push_back(x);
+  }
+  KESTREL_CHECK(!v.empty(), "--contexts: no contexts given");
+  return v;
+}
+
+void run_bench(const BenchOpts& o) {
+#if !defined(KESTREL_HAS_CUDA)
+  (void)o;
+  KESTREL_FAIL("kestrel bench needs the CUDA backend; this build has none (configure with -DKESTREL_CUDA=ON)");
+#else
+  using namespace kestrel;
+  KESTREL_CHECK(o.synthetic.empty() != o.model.empty(), "bench: give exactly one of --synthetic or --model");
+  KESTREL_CHECK(o.steps >= 64, "bench: --steps {} (the median is taken over at least 64 steps)", o.steps);
+  KESTREL_CHECK(o.warmup >= 1, "bench: --warmup {}", o.warmup);
+  const auto contexts = parse_list(o.contexts);
+  const int64_t max_ctx = *std::max_element(contexts.begin(), contexts.end());
+
+  std::unique_ptr<Backend> b;
+  std::string weights;
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!o.synthetic.empty()) {
+    KESTREL_CHECK(o.synthetic == "q4" || o.synthetic == "bf16", "--synthetic {} (expected q4 or bf16)",
+                  o.synthetic);
+    ModelConfig c = cuda::real_model_config();
+    if (o.layers > 0) {
+      KESTREL_CHECK(o.layers <= c.num_layers, "--layers {} > {}", o.layers, c.num_layers);
+      c.num_layers = o.layers;
+      c.layer_types.resize(size_t(o.layers));
+    }
+    b = cuda::make_synthetic_backend(c, o.synthetic, o.seed);
+    weights = o.synthetic;
+  } else {
+    BackendOptions bo;
+    bo.device = DeviceKind::Cuda;
+    b = load_backend(o.model, bo);
+    weights = "checkpoint";
+  }
+  const double build_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  const std::string gpu = prop.name;
+  const std::string sha = git_sha(), date = utc_now();
+  std::fprintf(stderr, "bench: %s weights %.2f GB on %s (ready in %.1f s)\n", weights.c_str(),
+               double(cuda::weight_bytes(*b)) / 1e9, gpu.c_str(), build_s);
+
+  KESTREL_CHECK(o.pdl == "on" || o.pdl == "off" || o.pdl == "both", "--pdl {} (on, off or both)", o.pdl);
+  std::vector<bool> pdl_modes;
+  if (o.pdl != "on") pdl_modes.push_back(false);
+  if (o.pdl != "off") pdl_modes.push_back(true);
+  nlohmann::json records = nlohmann::json::array();
+  std::printf("%-8s %4s %9s %10s %10s %11s %10s %8s\n", "weights", "pdl", "context", "step_ms",
+              "tok/s", "GB/s", "floor", "of floor");
+  for (int64_t ctx : contexts)
+  for (bool pdl : pdl_modes) {
+    cuda::set_pdl_enabled(pdl);  // read when the sequence's graph is captured
+    const SeqId s = b->create_sequence(std::max<int64_t>(ctx + o.warmup + o.steps + 1, 64));
+    if (ctx > 0) cuda::set_synthetic_context(*b, s, ctx, o.seed + uint64_t(ctx));
+    auto t = cuda::time_decode_steps(*b, s, 1, o.warmup, o.steps);
+    std::sort(t.begin(), t.end());
+    const double med = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+    const double bytes = cuda::decode_step_bytes(*b, ctx);
+    const double tps = 1.0 / med, gbs = bytes / med / 1e9, floor = kBandwidth / bytes;
+    std::printf("%-8s %4s %9lld %10.4f %10.1f %11.1f %10.1f %7.1f%%\n", weights.c_str(),
+                pdl ? "on" : "off", (long long)ctx,
+                med * 1e3, tps, gbs, floor, 100.0 * tps / floor);
+    std::fflush(stdout);
+    records.push_back({{"kind", "decode"},
+                       {"weights", weights},
+                       {"context", ctx},
+                       {"tok_per_s", tps},
+                       {"achieved_gb_per_s", gbs},
+                       {"step_ms_median", med * 1e3},
+                       {"step_ms_min", t.front() * 1e3},
+                       {"step_ms_max", t.back() * 1e3},
+                       {"steps", o.steps},
+                       {"warmup", o.warmup},
+                       {"bytes_per_step", bytes},
+                       {"floor_tok_per_s_at_4TBps", floor},
+                       {"fraction_of_floor", tps / floor},
+                       {"layers", b->config().num_layers},
+                       {"pdl", pdl},
+                       {"gpu", gpu},
+                       {"git_sha", sha},
+                       {"date", date}});
+    b->free_sequence(s);
+  }
+  (void)max_ctx;
+  std::filesystem::create_directories(o.out_dir);
+  std::string stamp = date;
+  std::replace(stamp.begin(), stamp.end(), ':', '-');
+  const auto path = std::filesystem::path(o.out_dir) / ("decode-" + weights + "-" + stamp + ".json");
+  std::ofstream f(path);
+  KESTREL_CHECK(f.good(), "bench: cannot write {}", path.string());
+  f << records.dump(2) << "\n";
+  std::fprintf(stderr, "bench: wrote %s\n", path.string().c_str());
+#endif
+}
+
+void setup_bench(CLI::App& root) {
+  auto o = std::make_shared<BenchOpts>();
+  auto* c = root.add_subcommand("bench", "Decode benchmark on the GPU (JSON records to bench/results/)");
+  c->add_option("--synthetic", o->synthetic, "Synthetic full-size model built on the GPU: q4 or bf16");
+  c->add_option("--model", o->model, "Model directory (instead of --synthetic)");
+  c->add_option("--contexts", o->contexts, "Comma-separated context lengths in tokens");
+  c->add_option("--steps", o->steps, "Timed decode steps per context (>= 64)");
+  c->add_option("--warmup", o->warmup, "Untimed steps first");
+  c->add_option("--layers", o->layers, "Synthetic: number of layers (default all 40)");
+  c->add_option("--out", o->out_dir, "Output directory");
+  c->add_option("--seed", o->seed, "Synthetic weights seed");
+  c->add_option("--pdl", o->pdl, "Programmatic dependent launch: on, off or both (one record each)");
+  c->callback([o] { run_bench(*o); });
+}
+
+}  // namespace
+
+KESTREL_COMMAND(setup_bench);

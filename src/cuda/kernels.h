@@ -1,0 +1,194 @@
+// Host-side interface of the CUDA kernel families (plain C++, no CUDA syntax, so tests and the
+// backend can include it): device weight views and one validated launcher per kernel.
+// Launchers check every shape/format precondition with KESTREL_CHECK before they launch.
+// Activations are fp32 (the CPU oracle's precision); the KV cache is bf16; GDN state fp32.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kestrel::cuda {
+
+// Throws kestrel::Error naming the call and the CUDA error string.
+void cuda_check(cudaError_t e, const char* what, const char* file, int line);
+#define KCUDA(call) ::kestrel::cuda::cuda_check((call), #call, __FILE__, __LINE__)
+// Checks the last launch error (cheap; no synchronisation).
+#define KCUDA_LAUNCH(name) ::kestrel::cuda::cuda_check(cudaGetLastError(), name, __FILE__, __LINE__)
+
+int num_sms();  // multiprocessors of the current device (cached)
+
+// Programmatic dependent launch between consecutive kernels (default on; KESTREL_PDL=0 turns it
+// off). Read when kernels are launched or captured.
+bool pdl_enabled();
+void set_pdl_enabled(bool on);
+
+// Device weight formats (the subset of kestrel::WFormat the kernels read; kept separate so .cu
+// files need no core headers).
+enum class DFmt : uint8_t { BF16, Q4, Q8 };
+const char* dfmt_name(DFmt f);
+
+// A weight matrix in device memory: [rows, cols], row-major, y = x W^T. Formats: BF16, or affine
+// Q4/Q8 in the MLX layout of src/quant/quant.h (codes u32 [rows, cols*bits/32], bf16 scales and
+// biases [rows, cols/64]). Stacked experts are one DMat of E*rows rows.
+struct DMat {
+  DFmt fmt = DFmt::BF16;
+  int64_t rows = 0, cols = 0;
+  const void* data = nullptr;
+  const uint16_t* scales = nullptr;
+  const uint16_t* biases = nullptr;
+  int group = 64;
+  bool valid() const { return data != nullptr; }
+  size_t row_bytes() const;  // bytes of codes/elements per row
+  size_t nbytes() const;     // data + scales + biases
+};
+
+constexpr int kMaxGemvRows = 8;   // activation rows (M) a GEMV takes at once
+constexpr int kMaxGemvSegs = 4;   // matrices fused into one GEMV launch
+
+enum class Prologue : uint8_t {
+  None,          // x used as is
+  RmsNorm,       // x <- x * rsqrt(mean(x^2) + eps) * norm_w over K
+  GatedRmsNorm,  // per group of norm_group: x <- (norm_w * rmsnorm(x)) * silu(z)
+};
+enum class Epilogue : uint8_t {
+  Store,     // y[m, r] = acc
+  Residual,  // y[m, r] += acc
+  ConvSilu,  // causal conv (kernel 4) over the M rows as consecutive tokens, then SiLU;
+             // conv_state fp32 [rows, 3] (oldest first) is updated, y[m, r] = silu(conv)
+  Logits,    // y[m, r] = acc, and argmax[m] = max over rows of pack(acc, r) (atomicMax)
+};
+
+struct GemvSeg {
+  DMat w;
+  Epilogue epi = Epilogue::Store;
+  float* y = nullptr;  // fp32 [M, ldy]
+  int64_t ldy = 0;
+  float* conv_state = nullptr;     // ConvSilu: fp32 [w.rows, 3]
+  const float* conv_w = nullptr;   // ConvSilu: fp32 [w.rows, 4], tap 3 = current token
+  unsigned long long* argmax = nullptr;  // Logits: [M] packed (value, index); may be null
+};
+
+struct GemvArgs {
+  int M = 1;
+  int64_t K = 0;
+  const float* x = nullptr;  // fp32 [M, ldx]
+  int64_t ldx = 0;
+  Prologue pro = Prologue::None;
+  const float* norm_w = nullptr;  // RmsNorm: [K]; GatedRmsNorm: [norm_group]
+  float eps = 1e-6f;
+  const float* z = nullptr;       // GatedRmsNorm gate: fp32 [M, ldz]
+  int64_t ldz = 0;
+  int norm_group = 0;
+  float* x_out = nullptr;         // optional: the prologue's result, fp32 [M, K]
+  GemvSeg seg[kMaxGemvSegs];
+  int nseg = 0;
+};
+void gemv(const GemvArgs& a, cudaStream_t s);
+// One-time kernel attributes (large dynamic shared memory); call before any graph capture.
+void kernels_init();
+
+// Packs (value, row) so that an unsigned max picks the largest value, then the lowest row.
+unsigned long long pack_argmax_host(float v, uint32_t row);
+int32_t unpack_argmax_host(unsigned long long key);
+
+// Gated DeltaNet decode for T <= 8 consecutive tokens of one sequence (real widths: Hk 16,
+// Hv 32, dk = dv = 128). u: post-conv fp32 [T, ldu] holding q (Hk*dk) | k (Hk*dk) | v (Hv*dv);
+// b, a: fp32 [T, ldba] raw projections; state fp32 [Hv, dv, dk] (transposed w.r.t. the CPU's
+// [Hv, dk, dv]), updated; o: fp32 [T, Hv*dv] delta-rule output (before the gated norm).
+struct GdnDecodeArgs {
+  int T = 1;
+  const float* u = nullptr;
+  int64_t ldu = 0;
+  const float* b = nullptr;
+  const float* a = nullptr;
+  int64_t ldb = 0, lda = 0;
+  const float* A_log = nullptr;    // [Hv]
+  const float* dt_bias = nullptr;  // [Hv]
+  float* state = nullptr;
+  float* o = nullptr;
+  int Hk = 0, Hv = 0, dk = 0, dv = 0;
+};
+void gdn_decode(const GdnDecodeArgs& a, cudaStream_t s);
+
+// Gated attention decode of one token (real widths: 16 heads, 2 kv heads, head dim 256,
+// rotary 64). qg: fp32 [heads, 2*D] raw q_proj output (query then gate per head); k, v: fp32
+// [kv_heads, D] raw projections. q/k RMSNorm and RoPE at position *pos are applied here; the new
+// k (normed, roped) and v are written to the bf16 caches [capacity, kv_heads, D] at *pos, then
+// the token attends to positions 0..*pos, split over nsplit blocks per kv head (flash decoding),
+// and out = attention * sigmoid(gate), fp32 [heads, D].
+struct AttnDecodeArgs {
+  const float* qg = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const float* q_norm = nullptr;  // [D], effective multiplier
+  const float* k_norm = nullptr;  // [D]
+  float eps = 1e-6f;
+  const int* pos = nullptr;       // device: position of the new token
+  int64_t capacity = 0;
+  uint16_t* kcache = nullptr;     // bf16 [capacity, kv_heads, D]
+  uint16_t* vcache = nullptr;
+  double rope_theta = 1e7;
+  int heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;
+  int nsplit = 1;                 // see attn_nsplit()
+  float* partial = nullptr;       // fp32 [heads, nsplit, D + 2] scratch
+  float* out = nullptr;
+};
+constexpr int kAttnMaxSplits = 512;
+constexpr int kAttnTile = 32;           // positions per shared-memory tile
+constexpr int kAttnMinChunk = 64;       // positions per split block at least (grid sizing)
+int attn_nsplit(int64_t capacity);      // splits per kv head for a cache of this capacity
+void attn_decode(const AttnDecodeArgs& a, cudaStream_t s);
+
+// MoE decode of one token. logits: fp32 [E] router output; h: fp32 [hidden] normed input.
+// moe_gate_up: softmax + top-k + renormalise (written to topk_idx/topk_w), then per selected
+// expert act[k, I] = silu(gate_e h) * (up_e h). gate/up: stacked [E*I, hidden].
+struct MoeGateUpArgs {
+  const float* logits = nullptr;
+  int E = 0, topk = 0;
+  const float* h = nullptr;
+  int64_t hidden = 0, I = 0;
+  DMat gate, up;
+  int* topk_idx = nullptr;      // [topk]
+  float* topk_w = nullptr;      // [topk]
+  float* act = nullptr;         // fp32 [topk, I]
+};
+void moe_gate_up(const MoeGateUpArgs& a, cudaStream_t s);
+// moe_down: x[r] += sum_k w_k (down_{e_k} act_k)[r] + sigmoid(*sgate) (shared_down sact)[r],
+// sact = silu(sg) * su. down: stacked [E*hidden, I]; shared_down [hidden, Is].
+struct MoeDownArgs {
+  int topk = 0;
+  int64_t hidden = 0, I = 0, Is = 0;
+  const int* topk_idx = nullptr;
+  const float* topk_w = nullptr;
+  const float* act = nullptr;     // [topk, I]
+  const float* sg = nullptr;      // [Is] shared gate projection
+  const float* su = nullptr;      // [Is] shared up projection
+  const float* sgate = nullptr;   // [1] shared_expert_gate logit
+  DMat down, shared_down;
+  float* x = nullptr;             // fp32 [hidden], residual stream, updated
+};
+void moe_down(const MoeDownArgs& a, cudaStream_t s);
+
+// Start of a decode step (one block): takes the token (from *argmax when non-null, else from
+// *token), writes it to *token and history[*len], sets *pos = *len, ++*len, resets *argmax to 0,
+// and writes the embedding row to x fp32 [hidden].
+struct StepBeginArgs {
+  unsigned long long* argmax = nullptr;
+  int32_t* token = nullptr;
+  int* pos = nullptr;
+  int* len = nullptr;
+  int32_t* history = nullptr;    // [capacity]
+  DMat embed;
+  float* x = nullptr;
+};
+void step_begin(const StepBeginArgs& a, cudaStream_t s);
+
+// Fills n elements with deterministic pseudo-random values (synthetic weights, tests):
+// uniform in [lo, hi) from (seed, index); bf16 output for fill_bf16, u32 words for fill_u32.
+void fill_uniform_f32(float* p, size_t n, uint64_t seed, float lo, float hi, cudaStream_t s);
+void fill_uniform_bf16(uint16_t* p, size_t n, uint64_t seed, float lo, float hi, cudaStream_t s);
+void fill_random_u32(uint32_t* p, size_t n, uint64_t seed, cudaStream_t s);
+void fill_f32(float* p, size_t n, float v, cudaStream_t s);
+
+}  // namespace kestrel::cuda

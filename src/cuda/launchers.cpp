@@ -1,0 +1,173 @@
+// Validated launchers of the CUDA kernel families (kernels.h): every precondition is checked here,
+// in plain C++, before the raw launch functions of launch.h run the kernels.
+#include "core/check.h"
+#include "cuda/launch.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+namespace kestrel::cuda {
+
+void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
+  if (e != cudaSuccess)
+    throw Error(fmt::format("CUDA error {} ({}) in {} at {}:{}", cudaGetErrorName(e),
+                            cudaGetErrorString(e), what, file, line));
+}
+
+namespace {
+int& pdl_flag() {
+  static int f = [] {
+    const char* e = std::getenv("KESTREL_PDL");
+    return (e && std::string(e) == "0") ? 0 : 1;
+  }();
+  return f;
+}
+}  // namespace
+bool pdl_enabled() { return pdl_flag() != 0; }
+void set_pdl_enabled(bool on) { pdl_flag() = on ? 1 : 0; }
+
+int num_sms() {
+  static int n = [] {
+    int dev = 0, v = 0;
+    KCUDA(cudaGetDevice(&dev));
+    KCUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+const char* dfmt_name(DFmt f) {
+  switch (f) {
+    case DFmt::BF16: return "BF16";
+    case DFmt::Q4: return "Q4";
+    case DFmt::Q8: return "Q8";
+  }
+  return "?";
+}
+
+size_t DMat::row_bytes() const {
+  switch (fmt) {
+    case DFmt::BF16: return size_t(cols) * 2;
+    case DFmt::Q4: return size_t(cols) / 2;
+    case DFmt::Q8: return size_t(cols);
+  }
+  return 0;
+}
+size_t DMat::nbytes() const {
+  size_t n = row_bytes() * size_t(rows);
+  if (fmt == DFmt::Q4 || fmt == DFmt::Q8) n += 2 * 2 * size_t(rows) * size_t(cols / group);
+  return n;
+}
+
+
+void kernels_init() {
+  (void)num_sms();
+  gemv_init();
+}
+
+void gemv(const GemvArgs& a, cudaStream_t s) {
+  KESTREL_CHECK(a.M >= 1 && a.M <= kMaxGemvRows, "gemv: M = {} outside 1..{}", a.M, kMaxGemvRows);
+  KESTREL_CHECK(a.nseg >= 1 && a.nseg <= kMaxGemvSegs, "gemv: {} segments", a.nseg);
+  KESTREL_CHECK(a.K == 512 || a.K == 2048 || a.K == 4096,
+                "gemv: K = {} (kernels exist for 512, 2048, 4096)", a.K);
+  KESTREL_CHECK(a.x != nullptr && a.ldx >= a.K, "gemv: x null or ldx {} < K {}", a.ldx, a.K);
+  if (a.pro == Prologue::RmsNorm) KESTREL_CHECK(a.norm_w != nullptr, "gemv: RmsNorm without weight");
+  if (a.pro == Prologue::GatedRmsNorm)
+    KESTREL_CHECK(a.norm_group == 128 && a.K % 128 == 0 && a.z != nullptr && a.norm_w != nullptr &&
+                      a.ldz >= a.K,
+                  "gemv: GatedRmsNorm needs group 128, z and a weight (group {})", a.norm_group);
+  int64_t total = 0;
+  for (int i = 0; i < a.nseg; ++i) {
+    const GemvSeg& g = a.seg[i];
+    KESTREL_CHECK(g.w.valid() && g.w.cols == a.K && g.w.rows > 0,
+                  "gemv: segment {} is [{}, {}], expected [*, {}]", i, g.w.rows, g.w.cols, a.K);
+    KESTREL_CHECK(g.w.fmt == DFmt::BF16 || g.w.fmt == DFmt::Q4 || g.w.fmt == DFmt::Q8,
+                  "gemv: segment {} format {} (BF16, Q4, Q8 supported)", i, dfmt_name(g.w.fmt));
+    if (g.w.fmt != DFmt::BF16)
+      KESTREL_CHECK(g.w.group == 64 && g.w.scales && g.w.biases, "gemv: affine group {} (64 needed)",
+                    g.w.group);
+    const int epc = g.w.fmt == DFmt::BF16 ? 8 : g.w.fmt == DFmt::Q8 ? 16 : 32;
+    KESTREL_CHECK((a.K / epc) % 32 == 0, "gemv: K {} too narrow for format {}", a.K,
+                  dfmt_name(g.w.fmt));
+    KESTREL_CHECK(reinterpret_cast<uintptr_t>(g.w.data) % 16 == 0, "gemv: weights not 16-byte aligned");
+    KESTREL_CHECK(g.y != nullptr && g.ldy >= g.w.rows, "gemv: segment {} output null or ldy {} < {}", i,
+                  g.ldy, g.w.rows);
+    if (g.epi == Epilogue::ConvSilu)
+      KESTREL_CHECK(g.conv_state && g.conv_w, "gemv: ConvSilu without state/weights");
+    total += g.w.rows;
+  }
+  gemv_init();
+  gemv_launch(a, total, s);
+}
+
+
+void gdn_decode(const GdnDecodeArgs& a, cudaStream_t s) {
+  KESTREL_CHECK(a.dk == 128 && a.dv == 128, "gdn_decode: head dims {}x{} (kernel is for 128x128)",
+                a.dk, a.dv);
+  KESTREL_CHECK(a.Hk > 0 && a.Hv % a.Hk == 0, "gdn_decode: Hv {} not a multiple of Hk {}", a.Hv, a.Hk);
+  KESTREL_CHECK(a.T >= 1 && a.T <= 8, "gdn_decode: T = {} outside 1..{}", a.T, 8);
+  KESTREL_CHECK(a.u && a.b && a.a && a.A_log && a.dt_bias && a.state && a.o, "gdn_decode: null pointer");
+  KESTREL_CHECK(a.ldu >= 2 * a.Hk * a.dk + a.Hv * a.dv && a.ldu % 4 == 0, "gdn_decode: ldu {}", a.ldu);
+  KESTREL_CHECK(a.dv % 32 == 0, "gdn_decode: dv {}", a.dv);
+  gdn_decode_launch(a, s);
+}
+
+
+void attn_decode(const AttnDecodeArgs& a, cudaStream_t s) {
+  KESTREL_CHECK(a.head_dim == 256 && a.kv_heads > 0 && a.heads == a.kv_heads * 8 &&
+                    a.rotary_dim == 64,
+                "attn_decode: heads {}/{} x {} rot {} (kernel is for 8 q heads per kv head, dim 256, "
+                "rotary 64)",
+                a.heads, a.kv_heads, a.head_dim, a.rotary_dim);
+  KESTREL_CHECK(a.nsplit >= 1 && a.nsplit <= kAttnMaxSplits, "attn_decode: nsplit {}", a.nsplit);
+  KESTREL_CHECK(a.qg && a.k && a.v && a.q_norm && a.k_norm && a.pos && a.kcache && a.vcache &&
+                    a.partial && a.out,
+                "attn_decode: null pointer");
+  attn_decode_launch(a, s);
+}
+
+
+void moe_gate_up(const MoeGateUpArgs& a, cudaStream_t s) {
+  KESTREL_CHECK(a.E >= 1 && a.E <= 512 && a.topk >= 1 && a.topk <= 16 && a.topk <= a.E,
+                "moe_gate_up: E {} top-k {} (supported E <= {}, k <= {})", a.E, a.topk, 512, 16);
+  KESTREL_CHECK(a.hidden == 2048, "moe_gate_up: hidden {} (kernel is for 2048)", a.hidden);
+  KESTREL_CHECK(a.gate.valid() && a.up.valid() && a.gate.fmt == a.up.fmt &&
+                    a.gate.rows == int64_t(a.E) * a.I && a.up.rows == a.gate.rows &&
+                    a.gate.cols == a.hidden && a.up.cols == a.hidden,
+                "moe_gate_up: stacked gate/up must be [E*I, hidden] of one format");
+  KESTREL_CHECK(a.logits && a.h && a.topk_idx && a.topk_w && a.act, "moe_gate_up: null pointer");
+  moe_gate_up_launch(a, s);
+}
+
+void moe_down(const MoeDownArgs& a, cudaStream_t s) {
+  KESTREL_CHECK(a.topk >= 1 && a.topk <= 16, "moe_down: top-k {}", a.topk);
+  KESTREL_CHECK(a.I == 512 && a.Is == 512, "moe_down: expert widths {}/{} (kernel is for 512)", a.I,
+                a.Is);
+  KESTREL_CHECK(a.hidden % 8 == 0, "moe_down: hidden {} not a multiple of {}", a.hidden,
+                8);
+  KESTREL_CHECK(a.down.valid() && a.shared_down.valid() && a.down.fmt == a.shared_down.fmt &&
+                    a.down.cols == a.I && a.shared_down.cols == a.Is &&
+                    a.shared_down.rows == a.hidden && a.down.rows % a.hidden == 0,
+                "moe_down: down [E*hidden, I] and shared_down [hidden, Is] of one format needed "
+                "({} vs {})",
+                dfmt_name(a.down.fmt), dfmt_name(a.shared_down.fmt));
+  KESTREL_CHECK(a.topk_idx && a.topk_w && a.act && a.sg && a.su && a.sgate && a.x,
+                "moe_down: null pointer");
+  KESTREL_CHECK(a.down.fmt == DFmt::Q4 || a.down.fmt == DFmt::Q8 || a.down.fmt == DFmt::BF16,
+                "moe_down: format {}", dfmt_name(a.down.fmt));
+  moe_down_launch(a, s);
+}
+
+
+void step_begin(const StepBeginArgs& a, cudaStream_t s) {
+  KESTREL_CHECK(a.token && a.pos && a.len && a.history && a.x && a.embed.valid(),
+                "step_begin: null pointer");
+  KESTREL_CHECK(a.embed.fmt == DFmt::BF16 || a.embed.fmt == DFmt::Q4 || a.embed.fmt == DFmt::Q8,
+                "step_begin: embedding format {}", dfmt_name(a.embed.fmt));
+  step_begin_launch(a, s);
+}
+
+}  // namespace kestrel::cuda

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The GPU-machine check of the CUDA backend (issue 6), run from the repo root on the device:
+#   1. build test_cuda + kestrel from scratch with -j16 (or, with --prebuilt DIR, use binaries built
+#      elsewhere from this same tree: DIR/bin/{test_cuda,kestrel}, DIR/lib/*.so*; the device image
+#      may lack the Debian -dev packages the CMake build needs, which this step records);
+#   2. every GPU test (gtest JSON + log);
+#   3. compute-sanitizer memcheck on the test binary (the full-size cases filtered out: memcheck
+#      runs them ~100x slower);
+#   4. the decode benchmarks (kestrel bench, JSON records);
+# and writes everything under $OUT (one tarball, gpu_check.tar.gz, plus summary.txt).
+# Usage: tools/gpu_check.sh [--prebuilt DIR] [--quick] [--no-sanitizer] [--no-bench]
+#        tools/gpu_check.sh --pack BUILD_DIR DIR   (here: copy test_cuda, kestrel and the non-system
+#        shared libraries they need into DIR/bin, DIR/lib, for --prebuilt on the device)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+OUT=${OUT:-/tmp/gpu_check_out}
+PREBUILT=""
+QUICK=0
+SANITIZE=1
+BENCH=1
+if [ "${1:-}" = --pack ]; then
+  B=$2; D=$3
+  rm -rf "$D"; mkdir -p "$D/bin" "$D/lib"
+  cp "$B/test_cuda" "$B/kestrel" "$D/bin/"
+  for bin in "$D/bin/"*; do
+    ldd "$bin" | awk '/=>/ {print $3}' | grep -Ev '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so' \
+      | while read -r l; do cp -Ln "$l" "$D/lib/" 2>/dev/null || true; done
+  done
+  ls -la "$D/bin" "$D/lib"; du -sh "$D"
+  exit 0
+fi
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prebuilt) PREBUILT=$2; shift 2 ;;
+    --quick) QUICK=1; shift ;;
+    --no-sanitizer) SANITIZE=0; shift ;;
+    --no-bench) BENCH=0; shift ;;
+    *) echo "gpu_check: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+W=$OUT/gpu_check
+mkdir -p "$W/results"
+SUMMARY=$W/summary.txt
+: > "$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+export PATH=/usr/local/cuda/bin:$PATH
+
+note "== gpu_check $(date -u +%FT%TZ) sha=${KESTREL_GIT_SHA:-unknown}"
+nvidia-smi > "$W/nvidia-smi.txt" 2>&1 || note "nvidia-smi failed"
+head -15 "$W/nvidia-smi.txt" | tee -a "$SUMMARY"
+
+# ---- 1. build
+BIN=""
+if [ -z "$PREBUILT" ]; then
+  T0=$(date +%s)
+  if cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKESTREL_CUDA=ON \
+      -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc > "$W/configure.log" 2>&1 &&
+     cmake --build build-gpu -j16 --target test_cuda kestrel > "$W/build.log" 2>&1; then
+    BIN=$ROOT/build-gpu
+    note "build: OK in $(( $(date +%s) - T0 )) s"
+  else
+    note "build: FAILED (see configure.log / build.log)"; tail -20 "$W/configure.log" "$W/build.log" 2>/dev/null | tee -a "$SUMMARY"
+  fi
+else
+  BIN=$ROOT/$PREBUILT/bin
+  export LD_LIBRARY_PATH=$ROOT/$PREBUILT/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+  note "build: using prebuilt binaries from $PREBUILT (built from this tree off the device)"
+  # Record whether the device image could build the tree itself.
+  for h in /usr/include/nlohmann/json.hpp /usr/include/CLI/CLI.hpp /usr/include/fmt/core.h /usr/include/gtest/gtest.h /usr/include/httplib.h; do
+    [ -e "$h" ] && note "  device has $h" || note "  device lacks $h"
+  done
+fi
+
+if [ -n "$BIN" ]; then
+  # ---- 2. tests
+  T0=$(date +%s)
+  FILTER='*'
+  [ "$QUICK" = 1 ] && FILTER='-*RealVocab*:*131072*'
+  timeout 300 "$BIN/test_cuda" --gtest_filter="$FILTER" --gtest_output=json:"$W/results/test_cuda.json" \
+    > "$W/test_cuda.log" 2>&1
+  RC=$?
+  note "tests: rc=$RC in $(( $(date +%s) - T0 )) s"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|Failure|error" "$W/test_cuda.log" | head -40 | tee -a "$SUMMARY"
+
+  # ---- 3. compute-sanitizer
+  if [ "$SANITIZE" = 1 ]; then
+    T0=$(date +%s)
+    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+      "$BIN/test_cuda" --gtest_filter='CudaGemv.FusedSegments*:CudaGemv.RejectsBadShapes:CudaGdn.Decode*:CudaMoe.*:CudaBackend.MatchesCpuBackendQ4' \
+      > "$W/sanitizer.log" 2>&1
+    note "compute-sanitizer memcheck: rc=$? in $(( $(date +%s) - T0 )) s"
+    grep -E "ERROR SUMMARY|========= (Invalid|Error)" "$W/sanitizer.log" | head -10 | tee -a "$SUMMARY"
+  fi
+
+  # ---- 4. benchmarks
+  if [ "$BENCH" = 1 ]; then
+    T0=$(date +%s)
+    timeout 200 "$BIN/kestrel" bench --synthetic q4 --contexts 0,4096,32768,131072 --steps 128 \
+      --out "$W/results" > "$W/bench_q4.log" 2>&1
+    note "bench q4: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_q4.log" | tee -a "$SUMMARY"
+    T0=$(date +%s)
+    timeout 200 "$BIN/kestrel" bench --synthetic bf16 --contexts 0,4096 --steps 128 \
+      --out "$W/results" > "$W/bench_bf16.log" 2>&1
+    note "bench bf16: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_bf16.log" | tee -a "$SUMMARY"
+  fi
+fi
+
+tar -czf "$OUT/gpu_check.tar.gz" -C "$OUT" gpu_check
+cp "$SUMMARY" "$OUT/summary.txt"
+note "== done $(date -u +%FT%TZ)"
