@@ -78,10 +78,35 @@ class Escaper {
       if (!a.empty()) first_[static_cast<unsigned char>(a[0])] = true;
     first_[static_cast<unsigned char>(kPhOpen[0])] = true;
   }
+  // Full added tokens anywhere, and a partial one at either end (the template's own text next to it,
+  // e.g. the ">" after a parameter name, could complete it), become placeholders.
   std::string esc(std::string_view s) {
     std::string out;
     size_t i = 0, last = 0;
-    while (i < s.size()) {
+    auto place = [&](size_t b, size_t e) {
+      out.append(s.substr(last, b - last));
+      out.append(kPhOpen);
+      out.append(std::to_string(orig_.size()));
+      out.append(kPhClose);
+      orig_.emplace_back(s.substr(b, e - b));
+      last = e;
+    };
+    size_t lead = 0;
+    for (const auto& a : added_)
+      for (size_t k = std::min(a.size() ? a.size() - 1 : 0, s.size()); k > lead; --k)
+        if (s.substr(0, k) == std::string_view(a).substr(a.size() - k)) { lead = k; break; }
+    size_t trail = 0;
+    for (const auto& a : added_)
+      for (size_t k = std::min(a.size() ? a.size() - 1 : 0, s.size()); k > trail; --k)
+        if (s.substr(s.size() - k) == std::string_view(a).substr(0, k)) { trail = k; break; }
+    if (lead + trail >= s.size() && (lead || trail)) {
+      place(0, s.size());
+      return out;
+    }
+    if (lead) place(0, lead);
+    i = lead;
+    const size_t end = s.size() - trail;
+    while (i < end) {
       if (!first_[static_cast<unsigned char>(s[i])]) { ++i; continue; }
       size_t len = 0;
       if (s.substr(i, kPhOpen.size()) == kPhOpen) {
@@ -91,14 +116,14 @@ class Escaper {
           if (!a.empty() && s.substr(i, a.size()) == a) { len = a.size(); break; }
       }
       if (!len) { ++i; continue; }
-      out.append(s.substr(last, i - last));
-      out.append(kPhOpen);
-      out.append(std::to_string(orig_.size()));
-      out.append(kPhClose);
-      orig_.emplace_back(s.substr(i, len));
+      place(i, i + len);
       i += len;
-      last = i;
     }
+    if (trail && last < end) {
+      out.append(s.substr(last, end - last));
+      last = end;
+    }
+    if (trail) place(std::max(last, end), s.size());
     if (last == 0) return std::string(s);
     out.append(s.substr(last));
     return out;

@@ -14,7 +14,7 @@ after(async () => { await srv?.stop(); });
 
 // Sends raw bytes, returns {status, headers, body, ms} of the first response (or status 0 if the
 // server closed without one).
-function raw(bytes, { timeoutMs = 5000, keepOpen = false } = {}) {
+function raw(bytes, { timeoutMs = 5000, keepOpen = true } = {}) {
   return new Promise((resolve) => {
     const t0 = performance.now();
     const sock = net.connect(srv.port, '127.0.0.1');

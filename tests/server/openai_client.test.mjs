@@ -100,9 +100,16 @@ test('same seed, same request -> same output; streaming equals non-streaming', a
   const a = await clients.real.chat.completions.create(req);
   const b = await clients.real.chat.completions.create(req);
   assert.deepEqual(a.choices[0].message, b.choices[0].message);
-  const s = await clients.real.chat.completions.stream(req).finalChatCompletion();
-  assert.equal(s.choices[0].message.content ?? '', a.choices[0].message.content ?? '');
-  assert.equal(s.choices[0].message.reasoning_content ?? '', a.choices[0].message.reasoning_content ?? '');
+  // (The SDK's stream helper overwrites unknown delta keys such as reasoning_content instead of
+  // concatenating them, so the deltas are joined here.)
+  const st = await clients.real.chat.completions.create({ ...req, stream: true });
+  let content = '', reasoning = '';
+  for await (const c of st) {
+    content += c.choices[0]?.delta?.content ?? '';
+    reasoning += c.choices[0]?.delta?.reasoning_content ?? '';
+  }
+  assert.equal(content, a.choices[0].message.content ?? '');
+  assert.equal(reasoning, a.choices[0].message.reasoning_content ?? '');
   const outs = new Set();
   for (const seed of [1, 2, 3, 4]) {
     const r = await clients.real.chat.completions.create({ ...req, seed });
