@@ -1,0 +1,539 @@
+// Prefill kernels (src/cuda/prefill.h) against the CPU oracle (src/cpu/ops.h) on fresh random
+// inputs at the model's real widths and the token counts, outputs poisoned (NaN) first.
+// Tolerances: bf16 tensor-core operands (activations and dequantised weights rounded to bf16)
+// against the fp32 oracle give ~3e-3 relative; the bound is 1e-2. The delta rule is fp32: 1e-4.
+#include "core/config.h"
+#include "cpu/ops.h"
+#include "cuda/prefill.h"
+#include "util.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+
+namespace kestrel::cuda::test {
+namespace {
+
+constexpr float kEps = 1e-6f;
+
+std::vector<float> bf16_round(std::vector<float> v) {
+  for (auto& x : v) x = round_bf16(x);
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dense fused-dequant GEMM.
+void run_gemm(WFormat f, int64_t M, int64_t N, int64_t K, GemmEpi epi, uint32_t seed) {
+  std::mt19937 g(seed);
+  auto W = make_mat(f, N, K, g);
+  auto W2 = make_mat(f, N, K, g);
+  auto x = randv(size_t(M * K), g, -2.f, 2.f);
+  std::vector<float> want(size_t(M * N)), up(size_t(M * N));
+  cpu::matmul(W->m, x.data(), M, want.data());
+  std::vector<float> init;
+  if (epi == GemmEpi::SiluMul) {
+    cpu::matmul(W2->m, x.data(), M, up.data());
+    for (size_t i = 0; i < want.size(); ++i) want[i] = cpu::silu(want[i]) * up[i];
+  } else if (epi == GemmEpi::Residual) {
+    init = randv(want.size(), g);
+    for (size_t i = 0; i < want.size(); ++i) want[i] += init[i];
+  }
+  auto dW = to_dev(W->m);
+  auto dW2 = to_dev(W2->m);
+  auto dx = to_dev(x);
+  auto dy = epi == GemmEpi::Residual ? to_dev(init) : poisoned(want.size());
+  PrefillGemmArgs a;
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  a.A = dx->as<float>();
+  a.lda = K;
+  a.W = dW->d;
+  if (epi == GemmEpi::SiluMul) a.W2 = dW2->d;
+  a.epi = epi;
+  a.C = dy->as<float>();
+  a.ldc = N;
+  prefill_gemm(a, nullptr);
+  const auto got = to_host<float>(*dy, want.size());
+  const std::string what = fmt::format("prefill_gemm {} M={} N={} K={} epi={}", wformat_name(f), M, N,
+                                       K, int(epi));
+  EXPECT_LT(rel_err(got, want, what.c_str()), 1e-2) << what;
+}
+
+TEST(PrefillGemm, DenseMatchesCpuAllFormatsAndTokenCounts) {
+  REQUIRE_GPU();
+  uint32_t seed = 100;
+  for (WFormat f : {WFormat::BF16, WFormat::Q4, WFormat::Q8})
+    for (int64_t M : {1, 7, 63, 64, 65, 1000}) run_gemm(f, M, 200, 512, GemmEpi::Store, seed++);
+  // Real widths: K 2048 (hidden) and 4096 (o_proj/out_proj), N not a multiple of the tile.
+  run_gemm(WFormat::Q4, 4096, 264, 2048, GemmEpi::Store, seed++);
+  run_gemm(WFormat::BF16, 4096, 130, 4096, GemmEpi::Store, seed++);
+  run_gemm(WFormat::Q8, 300, 256, 2048, GemmEpi::Store, seed++);
+  run_gemm(WFormat::Q4, 65, 1, 2048, GemmEpi::Store, seed++);  // shared_expert_gate: N = 1
+}
+
+TEST(PrefillGemm, ResidualAndSiluMulEpilogues) {
+  REQUIRE_GPU();
+  uint32_t seed = 200;
+  for (WFormat f : {WFormat::BF16, WFormat::Q4, WFormat::Q8}) {
+    run_gemm(f, 65, 2048, 512, GemmEpi::Residual, seed++);
+    run_gemm(f, 1000, 512, 2048, GemmEpi::SiluMul, seed++);
+    run_gemm(f, 7, 100, 2048, GemmEpi::SiluMul, seed++);
+  }
+}
+
+TEST(PrefillGemm, RejectsBadShapes) {
+  REQUIRE_GPU();
+  std::mt19937 g(3);
+  auto W = make_mat(WFormat::Q4, 64, 512, g);
+  auto dW = to_dev(W->m);
+  DevBuf x(64 * 512 * 4), y(64 * 64 * 4);
+  PrefillGemmArgs a;
+  a.M = 64;
+  a.N = 64;
+  a.K = 500;  // not a multiple of 64
+  a.A = x.as<float>();
+  a.lda = 512;
+  a.W = dW->d;
+  a.C = y.as<float>();
+  a.ldc = 64;
+  EXPECT_THROW(prefill_gemm(a, nullptr), Error);
+  a.K = 512;
+  a.N = 65;  // more rows than W has
+  EXPECT_THROW(prefill_gemm(a, nullptr), Error);
+  a.N = 64;
+  a.epi = GemmEpi::SiluMul;  // no up matrix
+  EXPECT_THROW(prefill_gemm(a, nullptr), Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routing: softmax, top-k, renormalise, sorted slots.
+struct HostRoute {
+  std::vector<int> idx;    // [T*k], ascending expert order per token
+  std::vector<float> w;
+};
+HostRoute host_route(const std::vector<float>& logits, int64_t T, int E, int k) {
+  HostRoute r;
+  std::vector<float> p(static_cast<size_t>(E));
+  std::vector<int> id(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* lt = logits.data() + t * E;
+    const float mx = *std::max_element(lt, lt + E);
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += (p[size_t(e)] = std::exp(lt[e] - mx));
+    for (auto& x : p) x = float(x / sum);
+    std::iota(id.begin(), id.end(), 0);
+    std::partial_sort(id.begin(), id.begin() + k, id.end(), [&](int a, int b) {
+      return p[size_t(a)] != p[size_t(b)] ? p[size_t(a)] > p[size_t(b)] : a < b;
+    });
+    float top = 0;
+    for (int i = 0; i < k; ++i) top += p[size_t(id[size_t(i)])];
+    std::vector<std::pair<int, float>> sel;
+    for (int i = 0; i < k; ++i) sel.push_back({id[size_t(i)], p[size_t(id[size_t(i)])] / top});
+    std::sort(sel.begin(), sel.end());
+    for (auto& s : sel) {
+      r.idx.push_back(s.first);
+      r.w.push_back(s.second);
+    }
+  }
+  return r;
+}
+
+struct DevRoute {
+  std::unique_ptr<DevBuf> idx, w, counts, goff, toff, sorted;
+  MoeRouteArgs a;
+  DevRoute(int64_t T, int E, int k) {
+    idx = std::make_unique<DevBuf>(size_t(T * k) * 4);
+    w = poisoned(size_t(T * k));
+    counts = std::make_unique<DevBuf>(size_t(E) * 4);
+    goff = std::make_unique<DevBuf>(size_t(E + 1) * 4);
+    toff = std::make_unique<DevBuf>(size_t(E + 1) * 4);
+    sorted = std::make_unique<DevBuf>(size_t(T * k) * 4);
+    KCUDA(cudaMemset(idx->p, 0xff, idx->n));
+    KCUDA(cudaMemset(sorted->p, 0xff, sorted->n));
+    KCUDA(cudaMemset(counts->p, 0xff, counts->n));
+    KCUDA(cudaMemset(goff->p, 0xff, goff->n));
+    KCUDA(cudaMemset(toff->p, 0xff, toff->n));
+    a.T = T;
+    a.E = E;
+    a.topk = k;
+    a.topk_idx = idx->as<int>();
+    a.topk_w = w->as<float>();
+    a.counts = counts->as<int>();
+    a.group_off = goff->as<int>();
+    a.tile_off = toff->as<int>();
+    a.sorted = sorted->as<int>();
+  }
+};
+
+void check_route(const std::vector<float>& logits, int64_t T, int E, int k, const std::string& what) {
+  const HostRoute want = host_route(logits, T, E, k);
+  auto dl = to_dev(logits);
+  DevRoute r(T, E, k);
+  r.a.logits = dl->as<float>();
+  moe_route(r.a, nullptr);
+  const auto idx = to_host<int>(*r.idx, size_t(T * k));
+  const auto w = to_host<float>(*r.w, size_t(T * k));
+  const auto counts = to_host<int>(*r.counts, size_t(E));
+  const auto goff = to_host<int>(*r.goff, size_t(E + 1));
+  const auto toff = to_host<int>(*r.toff, size_t(E + 1));
+  const auto sorted = to_host<int>(*r.sorted, size_t(T * k));
+  ASSERT_EQ(idx, want.idx) << what << ": selected experts differ";
+  expect_close(w, want.w, 1e-6f, 1e-5f, what + " weights");
+  std::vector<int> wc(size_t(E), 0);
+  for (int e : want.idx) ++wc[size_t(e)];
+  ASSERT_EQ(counts, wc) << what << ": counts";
+  int off = 0, toffs = 0;
+  for (int e = 0; e < E; ++e) {
+    ASSERT_EQ(goff[size_t(e)], off) << what << ": group_off " << e;
+    ASSERT_EQ(toff[size_t(e)], toffs) << what << ": tile_off " << e;
+    // Slots of expert e, ascending.
+    std::vector<int> exp_slots;
+    for (int64_t s = 0; s < T * k; ++s)
+      if (want.idx[size_t(s)] == e) exp_slots.push_back(int(s));
+    std::vector<int> got(sorted.begin() + off, sorted.begin() + off + wc[size_t(e)]);
+    ASSERT_EQ(got, exp_slots) << what << ": sorted slots of expert " << e;
+    off += wc[size_t(e)];
+    toffs += (wc[size_t(e)] + kPrefillBM - 1) / kPrefillBM;
+  }
+  ASSERT_EQ(goff[size_t(E)], off);
+  ASSERT_EQ(toff[size_t(E)], toffs);
+  EXPECT_LE(toffs, moe_max_tiles(T, k, E));
+}
+
+TEST(PrefillMoe, RoutingMatchesCpuAndSortsByExpert) {
+  REQUIRE_GPU();
+  std::mt19937 g(7);
+  for (int64_t T : {1, 7, 63, 64, 65, 1000, 4096}) {
+    auto logits = randv(size_t(T * 256), g, -4.f, 4.f);
+    check_route(logits, T, 256, 8, fmt::format("route random T={}", T));
+  }
+  // All tokens on the same 8 experts (248 experts with zero tokens), with exact ties inside.
+  {
+    const int64_t T = 1000;
+    auto logits = randv(size_t(T * 256), g, -1.f, 1.f);
+    for (int64_t t = 0; t < T; ++t)
+      for (int e : {3, 17, 40, 41, 100, 128, 200, 255}) logits[size_t(t * 256 + e)] = 20.f + float(e % 3);
+    check_route(logits, T, 256, 8, "route all tokens on 8 experts");
+  }
+  // Exact ties everywhere: the lower index wins, as on the CPU.
+  {
+    std::vector<float> logits(size_t(65 * 256), 0.5f);
+    check_route(logits, 65, 256, 8, "route all-equal logits");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Whole MoE block against cpu::moe.
+struct MoeCase {
+  WFormat f;
+  int E;
+  int64_t T;
+  bool one_direction;  // all tokens pick experts 0..7
+};
+
+void run_moe(const MoeCase& c, uint32_t seed) {
+  std::mt19937 g(seed);
+  ModelConfig cfg;
+  cfg.hidden_size = 2048;
+  cfg.num_experts = c.E;
+  cfg.num_experts_per_tok = 8;
+  cfg.moe_intermediate_size = 512;
+  cfg.shared_expert_intermediate_size = 512;
+  const int64_t H = 2048, I = 512, Is = 512, E = c.E, T = c.T;
+  // h is bf16-representable (the router then sees identical inputs on both sides, so top-k
+  // near-ties cannot flip through activation rounding); the router is bf16 for the same reason.
+  std::vector<float> h = bf16_round(randv(size_t(T * H), g, -1.f, 1.f));
+  auto router = make_mat(WFormat::BF16, E, H, g, 0.05f);
+  if (c.one_direction) {
+    std::vector<float> u = bf16_round(randv(size_t(H), g, -1.f, 1.f));
+    double uu = 0;
+    for (float x : u) uu += double(x) * x;
+    auto* rw = reinterpret_cast<uint16_t*>(router->data.data());
+    for (int e = 0; e < 8; ++e)
+      for (int64_t k = 0; k < H; ++k) rw[e * H + k] = f32_to_bf16(float(u[size_t(k)] * 20.0 / uu));
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < H; ++k)
+        h[size_t(t * H + k)] = round_bf16(u[size_t(k)] + 0.05f * h[size_t(t * H + k)]);
+  }
+  auto gate = make_mat(c.f, E * I, H, g);
+  auto up = make_mat(c.f, E * I, H, g);
+  auto down = make_mat(c.f, E * H, I, g);
+  auto sg = make_mat(c.f, Is, H, g), su = make_mat(c.f, Is, H, g), sd = make_mat(c.f, H, Is, g);
+  auto seg = make_mat(WFormat::BF16, 1, H, g);
+  MoeWeights mw;
+  mw.router = router->m;
+  for (int64_t e = 0; e < E; ++e) {
+    mw.gate.push_back(gate->m.slice_rows(e * I, I));
+    mw.up.push_back(up->m.slice_rows(e * I, I));
+    mw.down.push_back(down->m.slice_rows(e * H, H));
+  }
+  mw.shared_gate = sg->m;
+  mw.shared_up = su->m;
+  mw.shared_down = sd->m;
+  mw.shared_expert_gate = seg->m;
+  std::vector<float> want(size_t(T * H));
+  cpu::moe(mw, cfg, h.data(), T, want.data());
+
+  auto drouter = to_dev(router->m), dgate = to_dev(gate->m), dup = to_dev(up->m),
+       ddown = to_dev(down->m), dsg = to_dev(sg->m), dsu = to_dev(su->m), dsd = to_dev(sd->m),
+       dseg = to_dev(seg->m);
+  MoePrefillWeights w;
+  w.router = drouter->d;
+  w.gate = dgate->d;
+  w.up = dup->d;
+  w.down = ddown->d;
+  w.shared_gate = dsg->d;
+  w.shared_up = dsu->d;
+  w.shared_down = dsd->d;
+  w.shared_expert_gate = dseg->d;
+  w.E = c.E;
+  w.topk = 8;
+  w.hidden = H;
+  w.I = I;
+  w.Is = Is;
+  const int64_t S = T * 8;
+  auto logits = poisoned(size_t(T * E));
+  DevRoute r(T, c.E, 8);
+  auto act = poisoned(size_t(S * I)), slot_out = poisoned(size_t(S * H));
+  auto sact = poisoned(size_t(T * Is)), shared = poisoned(size_t(T * H)), sgt = poisoned(size_t(T));
+  MoePrefillScratch sc;
+  sc.logits = logits->as<float>();
+  sc.topk_idx = r.a.topk_idx;
+  sc.topk_w = r.a.topk_w;
+  sc.counts = r.a.counts;
+  sc.group_off = r.a.group_off;
+  sc.tile_off = r.a.tile_off;
+  sc.sorted = r.a.sorted;
+  sc.act = act->as<float>();
+  sc.slot_out = slot_out->as<float>();
+  sc.sact = sact->as<float>();
+  sc.shared = shared->as<float>();
+  sc.sgate = sgt->as<float>();
+  auto dh = to_dev(h);
+  // accumulate = true onto a random residual: out = x + MoE(h).
+  auto resid = randv(want.size(), g);
+  auto dout = to_dev(resid);
+  moe_prefill(w, dh->as<float>(), T, sc, dout->as<float>(), true, nullptr);
+  auto got = to_host<float>(*dout, want.size());
+  for (size_t i = 0; i < got.size(); ++i) got[i] -= resid[i];
+  const std::string what = fmt::format("moe_prefill {} E={} T={}{}", wformat_name(c.f), c.E, T,
+                                       c.one_direction ? " (all tokens on experts 0..7)" : "");
+  EXPECT_LT(rel_err(got, want, what.c_str()), 1e-2) << what;
+  if (c.one_direction) {
+    const auto counts = to_host<int>(*r.counts, size_t(E));
+    for (int e = 0; e < E; ++e) EXPECT_EQ(counts[size_t(e)], e < 8 ? T : 0) << what << " expert " << e;
+  }
+  // Deterministic: a second run gives bit-identical results.
+  auto dout2 = to_dev(resid);
+  moe_prefill(w, dh->as<float>(), T, sc, dout2->as<float>(), true, nullptr);
+  auto got2 = to_host<float>(*dout2, want.size());
+  for (size_t i = 0; i < got2.size(); ++i) got2[i] -= resid[i];
+  EXPECT_EQ(std::memcmp(got.data(), got2.data(), got.size() * 4), 0) << what << ": not deterministic";
+}
+
+TEST(PrefillMoe, BlockMatchesCpuQ4FullExperts) {
+  REQUIRE_GPU();
+  uint32_t seed = 300;
+  for (int64_t T : {1, 7, 65, 1000}) run_moe({WFormat::Q4, 256, T, false}, seed++);
+  run_moe({WFormat::Q4, 256, 300, true}, seed++);
+}
+
+TEST(PrefillMoe, BlockMatchesCpuBf16AndQ8) {
+  REQUIRE_GPU();
+  uint32_t seed = 400;
+  run_moe({WFormat::BF16, 32, 63, false}, seed++);
+  run_moe({WFormat::BF16, 32, 200, true}, seed++);
+  run_moe({WFormat::Q8, 32, 64, false}, seed++);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conv + chunked Gated DeltaNet against conv1d_silu and the token-by-token recurrence.
+TEST(PrefillGdn, ConvMatchesCpu) {
+  REQUIRE_GPU();
+  std::mt19937 g(11);
+  const int64_t C = 8192;
+  for (int64_t T : {1, 2, 7, 65}) {
+    auto x = randv(size_t(T * C), g);
+    auto w = randv(size_t(C * 4), g);
+    auto st = randv(size_t(C * 3), g);
+    std::vector<float> want(size_t(T * C)), wst = st;
+    cpu::conv1d_silu(x.data(), T, C, 4, w.data(), wst.data(), want.data());
+    auto dx = to_dev(x), dw = to_dev(w), dst = to_dev(st);
+    auto du = poisoned(want.size());
+    PrefillConvArgs a;
+    a.T = T;
+    a.C = C;
+    a.x = dx->as<float>();
+    a.ldx = C;
+    a.w = dw->as<float>();
+    a.state = dst->as<float>();
+    a.u = du->as<float>();
+    prefill_conv(a, nullptr);
+    const std::string what = fmt::format("prefill_conv T={}", T);
+    expect_close(to_host<float>(*du, want.size()), want, 1e-6f, 1e-5f, what);
+    expect_close(to_host<float>(*dst, wst.size()), wst, 0.f, 0.f, what + " state");
+  }
+}
+
+void run_gdn(int64_t T, uint32_t seed) {
+  std::mt19937 g(seed);
+  const int Hk = 16, Hv = 32, dk = 128, dv = 128;
+  const int64_t ldu = 2 * Hk * dk + Hv * dv;  // 8192
+  auto u = randv(size_t(T * ldu), g);
+  auto b = randv(size_t(T * Hv), g, -3.f, 3.f);
+  auto av = randv(size_t(T * Hv), g, -3.f, 3.f);
+  auto A_log = randv(size_t(Hv), g, -6.f, 0.5f);
+  auto dtb = randv(size_t(Hv), g, -1.f, 1.f);
+  auto S0 = randv(size_t(Hv) * dv * dk, g, -0.5f, 0.5f);  // [Hv, dv, dk]
+  // Oracle inputs.
+  std::vector<float> q(size_t(T * Hk * dk)), k(size_t(T * Hk * dk)), v(size_t(T * Hv * dv)),
+      beta(size_t(T * Hv)), gg(size_t(T * Hv));
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy_n(u.begin() + t * ldu, Hk * dk, q.begin() + t * Hk * dk);
+    std::copy_n(u.begin() + t * ldu + Hk * dk, Hk * dk, k.begin() + t * Hk * dk);
+    std::copy_n(u.begin() + t * ldu + 2 * Hk * dk, Hv * dv, v.begin() + t * Hv * dv);
+    for (int j = 0; j < Hv; ++j) {
+      beta[size_t(t * Hv + j)] = cpu::sigmoid(b[size_t(t * Hv + j)]);
+      gg[size_t(t * Hv + j)] =
+          -std::exp(A_log[size_t(j)]) * cpu::softplus(av[size_t(t * Hv + j)] + dtb[size_t(j)]);
+    }
+  }
+  cpu::l2norm_rows(q.data(), T * Hk, dk, 1e-6f, 1.f / std::sqrt(float(dk)));
+  cpu::l2norm_rows(k.data(), T * Hk, dk, 1e-6f, 1.f);
+  std::vector<float> S(S0.size());  // CPU layout [Hv, dk, dv]
+  for (int j = 0; j < Hv; ++j)
+    for (int i = 0; i < dv; ++i)
+      for (int r = 0; r < dk; ++r)
+        S[(size_t(j) * dk + r) * dv + i] = S0[(size_t(j) * dv + i) * dk + r];
+  std::vector<float> want(size_t(T * Hv * dv));
+  cpu::gdn_recurrent({Hk, Hv, dk, dv}, T, q.data(), k.data(), v.data(), beta.data(), gg.data(),
+                     S.data(), want.data());
+  std::vector<float> wantS(S.size());
+  for (int j = 0; j < Hv; ++j)
+    for (int i = 0; i < dv; ++i)
+      for (int r = 0; r < dk; ++r)
+        wantS[(size_t(j) * dv + i) * dk + r] = S[(size_t(j) * dk + r) * dv + i];
+
+  auto du = to_dev(u), db = to_dev(b), da = to_dev(av), dA = to_dev(A_log), ddt = to_dev(dtb),
+       dS = to_dev(S0);
+  auto dout = poisoned(want.size());
+  PrefillGdnArgs a;
+  a.T = T;
+  a.u = du->as<float>();
+  a.ldu = ldu;
+  a.b = db->as<float>();
+  a.a = da->as<float>();
+  a.ldb = Hv;
+  a.lda = Hv;
+  a.A_log = dA->as<float>();
+  a.dt_bias = ddt->as<float>();
+  a.state = dS->as<float>();
+  a.o = dout->as<float>();
+  a.Hk = Hk;
+  a.Hv = Hv;
+  a.dk = dk;
+  a.dv = dv;
+  prefill_gdn(a, nullptr);
+  const std::string what = fmt::format("prefill_gdn T={}", T);
+  EXPECT_LT(rel_err(to_host<float>(*dout, want.size()), want, what.c_str()), 1e-4) << what;
+  EXPECT_LT(rel_err(to_host<float>(*dS, wantS.size()), wantS, (what + " state").c_str()), 1e-4) << what;
+}
+
+TEST(PrefillGdn, ChunkedMatchesRecurrence) {
+  REQUIRE_GPU();
+  uint32_t seed = 500;
+  for (int64_t T : {1, 7, 63, 64, 65, 1000, 4096}) run_gdn(T, seed++);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flash attention against cpu::attention over the same bf16 cache contents.
+void run_attn(int64_t T, int64_t pos0, uint32_t seed) {
+  std::mt19937 g(seed);
+  const int H = 16, Hkv = 2, D = 256, rot = 64;
+  const int64_t cap = pos0 + T + 5;
+  const double theta = 1e7;
+  auto qg = randv(size_t(T * H * 2 * D), g, -2.f, 2.f);
+  auto kr = randv(size_t(T * Hkv * D), g, -2.f, 2.f);
+  auto vr = randv(size_t(T * Hkv * D), g, -2.f, 2.f);
+  auto qn = randv(size_t(D), g, 0.5f, 1.5f), kn = randv(size_t(D), g, 0.5f, 1.5f);
+  // Existing cache rows 0..pos0-1 (bf16), the rest poisoned.
+  std::vector<uint16_t> kc(size_t(cap * Hkv * D), 0xffff), vc(size_t(cap * Hkv * D), 0xffff);
+  {
+    auto pk = randv(size_t(pos0 * Hkv * D), g, -1.f, 1.f), pv = randv(size_t(pos0 * Hkv * D), g);
+    for (size_t i = 0; i < pk.size(); ++i) kc[i] = f32_to_bf16(pk[i]), vc[i] = f32_to_bf16(pv[i]);
+  }
+  // Oracle: norm + rope, rounded to bf16 as the kernel stores them.
+  std::vector<float> q(size_t(T * H * D)), kk(size_t(T * Hkv * D));
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h)
+      std::copy_n(qg.begin() + (t * H + h) * 2 * D, D, q.begin() + (t * H + h) * D);
+  cpu::rmsnorm(q.data(), qn.data(), T * H, D, kEps, q.data());
+  cpu::rmsnorm(kr.data(), kn.data(), T * Hkv, D, kEps, kk.data());
+  cpu::rope_neox(q.data(), T, H, D, rot, pos0, theta);
+  cpu::rope_neox(kk.data(), T, Hkv, D, rot, pos0, theta);
+  q = bf16_round(q);
+  std::vector<uint16_t> wkc = kc, wvc = vc;
+  for (int64_t i = 0; i < T * Hkv * D; ++i) {
+    wkc[size_t(pos0 * Hkv * D + i)] = f32_to_bf16(kk[size_t(i)]);
+    wvc[size_t(pos0 * Hkv * D + i)] = f32_to_bf16(vr[size_t(i)]);
+  }
+  std::vector<float> kf(size_t((pos0 + T) * Hkv * D)), vf(kf.size());
+  for (size_t i = 0; i < kf.size(); ++i) kf[i] = bf16_to_f32(wkc[i]), vf[i] = bf16_to_f32(wvc[i]);
+  std::vector<float> want(size_t(T * H * D));
+  cpu::attention(q.data(), T, pos0, kf.data(), vf.data(), H, Hkv, D, want.data());
+  for (int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h)
+      for (int d = 0; d < D; ++d)
+        want[size_t((t * H + h) * D + d)] *= cpu::sigmoid(qg[size_t((t * H + h) * 2 * D + D + d)]);
+
+  auto dqg = to_dev(qg), dk = to_dev(kr), dv = to_dev(vr), dqn = to_dev(qn), dkn = to_dev(kn);
+  auto dkc = to_dev(kc), dvc = to_dev(vc);
+  auto dq = std::make_unique<DevBuf>(size_t(T * H * D) * 2);
+  auto dout = poisoned(want.size());
+  PrefillAttnArgs a;
+  a.T = T;
+  a.pos0 = pos0;
+  a.capacity = cap;
+  a.qg = dqg->as<float>();
+  a.k = dk->as<float>();
+  a.v = dv->as<float>();
+  a.q_norm = dqn->as<float>();
+  a.k_norm = dkn->as<float>();
+  a.eps = kEps;
+  a.rope_theta = theta;
+  a.qbuf = dq->as<uint16_t>();
+  a.kcache = dkc->as<uint16_t>();
+  a.vcache = dvc->as<uint16_t>();
+  a.out = dout->as<float>();
+  a.heads = H;
+  a.kv_heads = Hkv;
+  a.head_dim = D;
+  a.rotary_dim = rot;
+  prefill_attn(a, nullptr);
+  const std::string what = fmt::format("prefill_attn T={} pos0={}", T, pos0);
+  EXPECT_LT(rel_err(to_host<float>(*dout, want.size()), want, what.c_str()), 1e-2) << what;
+  // The cache: rows before pos0 untouched, new rows = normed/roped k and raw v (bf16; at most one
+  // rounding step apart where fp32 summation order differs), rows after untouched.
+  const auto gk = to_host<uint16_t>(*dkc, kc.size()), gv = to_host<uint16_t>(*dvc, vc.size());
+  int bad = 0;
+  for (size_t i = 0; i < gk.size(); ++i) {
+    const float e = bf16_to_f32(wkc[i]), x = bf16_to_f32(gk[i]);
+    const bool poison = wkc[i] == 0xffff;
+    if (poison ? gk[i] != 0xffff : !(std::fabs(x - e) <= 1e-2f * std::fabs(e) + 1e-6f)) ++bad;
+    if (gv[i] != wvc[i]) ++bad;
+  }
+  EXPECT_EQ(bad, 0) << what << ": KV cache rows differ";
+}
+
+TEST(PrefillAttn, FlashMatchesCpu) {
+  REQUIRE_GPU();
+  uint32_t seed = 600;
+  for (int64_t T : {1, 7, 63, 64, 65, 1000}) run_attn(T, 0, seed++);
+  run_attn(65, 1000, seed++);  // continuing after a cached prefix (chunked prefill)
+  run_attn(1, 37, seed++);
+}
+
+}  // namespace
+}  // namespace kestrel::cuda::test
