@@ -5,6 +5,7 @@
 #include "core/check.h"
 #include "core/loader.h"
 #include "core/safetensors.h"
+#include "quant/progress.h"
 #include "quant/quant.h"
 
 #include <nlohmann/json.hpp>
@@ -315,6 +316,16 @@ ConvertReport convert_hf_to_mlx(const fs::path& in_dir, const fs::path& out_dir,
     for (size_t ji : shards[si]) {
       const Job& j = P.jobs[ji];
       run_job(j, outs);
+      // The source bf16 pages are done with: keep the resident set at about one output shard.
+      if (j.raw) {
+        release_pages(j.raw->data, j.raw->nbytes);
+      } else {
+        for (const auto& sg : j.rows) {
+          const size_t eb = elem_bytes(sg.m.fmt);
+          release_pages(static_cast<const uint8_t*>(sg.m.data) + size_t(sg.r0 * j.K()) * eb,
+                        size_t(sg.n * j.K()) * eb);
+        }
+      }
       done_in += j.raw ? j.raw->nbytes
                        : [&] {
                            size_t n = 0;

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 namespace kestrel::quant {
@@ -41,6 +42,14 @@ size_t resident_bytes() {
     if (line.rfind("VmRSS:", 0) == 0) return size_t(std::stoull(line.substr(6))) * 1024;  // kB
   }
   return 0;
+}
+
+void release_pages(const void* p, size_t n) {
+  static const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+  // Advice only: a failure (e.g. not a mapping) leaves the pages resident, nothing else changes.
+  if (b > a) (void)madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
 }
 
 }  // namespace kestrel::quant

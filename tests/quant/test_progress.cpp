@@ -1,6 +1,12 @@
 // The load progress bar (non-terminal output: one line per 10%) and the resident-memory probe.
 #include "quant/progress.h"
 
+#include "core/safetensors.h"
+
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -35,6 +41,31 @@ TEST(Progress, ResidentBytesGrowsWithTouchedMemory) {
   const size_t after = quant::resident_bytes();
   EXPECT_GE(after, before + (size_t(24) << 20)) << before << " -> " << after;
   EXPECT_EQ(v[12345], 1);
+}
+
+TEST(Progress, ReleasedFilePagesLeaveTheResidentSetAndStayReadable) {
+  const auto path = std::filesystem::temp_directory_path() / ("kestrel-quant-pages-" + std::to_string(getpid()));
+  const size_t n = size_t(32) << 20;
+  {
+    std::vector<char> data(n);
+    for (size_t i = 0; i < n; ++i) data[i] = char(i * 131 % 251);
+    std::ofstream(path, std::ios::binary).write(data.data(), std::streamsize(n));
+  }
+  {
+    MappedFile f(path);
+    ASSERT_EQ(f.size(), n);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < n; i += 64) sum += f.data()[i];
+    const size_t touched = quant::resident_bytes();
+    quant::release_pages(f.data() + 1, n - 1);  // partial first page kept
+    const size_t released = quant::resident_bytes();
+    EXPECT_LE(released + (size_t(24) << 20), touched) << touched << " -> " << released;
+    uint64_t again = 0;
+    for (size_t i = 0; i < n; i += 64) again += f.data()[i];
+    EXPECT_EQ(sum, again);
+    EXPECT_EQ(f.data()[12345], char(12345 * 131 % 251));
+  }
+  std::filesystem::remove(path);
 }
 
 }  // namespace
