@@ -225,28 +225,46 @@ TEST(PrefillMoe, RoutingMatchesCpuAndSortsByExpert) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Whole MoE block against cpu::moe.
-struct MoeCase {
+// Whole MoE block against cpu::moe. Expert weights are built once per format and reused.
+struct MoeSet {
   WFormat f;
   int E;
-  int64_t T;
-  bool one_direction;  // all tokens pick experts 0..7
+  std::unique_ptr<HostMat> gate, up, down, sg, su, sd, seg;
+  std::unique_ptr<DevMat> dgate, dup, ddown, dsg, dsu, dsd, dseg;
+  MoeSet(WFormat f_, int E_, std::mt19937& g) : f(f_), E(E_) {
+    const int64_t H = 2048, I = 512, Is = 512;
+    gate = make_mat(f, E * I, H, g);
+    up = make_mat(f, E * I, H, g);
+    down = make_mat(f, E * H, I, g);
+    sg = make_mat(f, Is, H, g);
+    su = make_mat(f, Is, H, g);
+    sd = make_mat(f, H, Is, g);
+    seg = make_mat(WFormat::BF16, 1, H, g);
+    dgate = to_dev(gate->m);
+    dup = to_dev(up->m);
+    ddown = to_dev(down->m);
+    dsg = to_dev(sg->m);
+    dsu = to_dev(su->m);
+    dsd = to_dev(sd->m);
+    dseg = to_dev(seg->m);
+  }
 };
 
-void run_moe(const MoeCase& c, uint32_t seed) {
+// one_direction: all tokens pick experts 0..7 (every other expert receives zero tokens).
+void run_moe(const MoeSet& ms, int64_t T, bool one_direction, uint32_t seed) {
   std::mt19937 g(seed);
   ModelConfig cfg;
   cfg.hidden_size = 2048;
-  cfg.num_experts = c.E;
+  cfg.num_experts = ms.E;
   cfg.num_experts_per_tok = 8;
   cfg.moe_intermediate_size = 512;
   cfg.shared_expert_intermediate_size = 512;
-  const int64_t H = 2048, I = 512, Is = 512, E = c.E, T = c.T;
+  const int64_t H = 2048, I = 512, Is = 512, E = ms.E;
   // h is bf16-representable (the router then sees identical inputs on both sides, so top-k
   // near-ties cannot flip through activation rounding); the router is bf16 for the same reason.
   std::vector<float> h = bf16_round(randv(size_t(T * H), g, -1.f, 1.f));
   auto router = make_mat(WFormat::BF16, E, H, g, 0.05f);
-  if (c.one_direction) {
+  if (one_direction) {
     std::vector<float> u = bf16_round(randv(size_t(H), g, -1.f, 1.f));
     double uu = 0;
     for (float x : u) uu += double(x) * x;
@@ -257,45 +275,38 @@ void run_moe(const MoeCase& c, uint32_t seed) {
       for (int64_t k = 0; k < H; ++k)
         h[size_t(t * H + k)] = round_bf16(u[size_t(k)] + 0.05f * h[size_t(t * H + k)]);
   }
-  auto gate = make_mat(c.f, E * I, H, g);
-  auto up = make_mat(c.f, E * I, H, g);
-  auto down = make_mat(c.f, E * H, I, g);
-  auto sg = make_mat(c.f, Is, H, g), su = make_mat(c.f, Is, H, g), sd = make_mat(c.f, H, Is, g);
-  auto seg = make_mat(WFormat::BF16, 1, H, g);
   MoeWeights mw;
   mw.router = router->m;
   for (int64_t e = 0; e < E; ++e) {
-    mw.gate.push_back(gate->m.slice_rows(e * I, I));
-    mw.up.push_back(up->m.slice_rows(e * I, I));
-    mw.down.push_back(down->m.slice_rows(e * H, H));
+    mw.gate.push_back(ms.gate->m.slice_rows(e * I, I));
+    mw.up.push_back(ms.up->m.slice_rows(e * I, I));
+    mw.down.push_back(ms.down->m.slice_rows(e * H, H));
   }
-  mw.shared_gate = sg->m;
-  mw.shared_up = su->m;
-  mw.shared_down = sd->m;
-  mw.shared_expert_gate = seg->m;
+  mw.shared_gate = ms.sg->m;
+  mw.shared_up = ms.su->m;
+  mw.shared_down = ms.sd->m;
+  mw.shared_expert_gate = ms.seg->m;
   std::vector<float> want(size_t(T * H));
   cpu::moe(mw, cfg, h.data(), T, want.data());
 
-  auto drouter = to_dev(router->m), dgate = to_dev(gate->m), dup = to_dev(up->m),
-       ddown = to_dev(down->m), dsg = to_dev(sg->m), dsu = to_dev(su->m), dsd = to_dev(sd->m),
-       dseg = to_dev(seg->m);
+  auto drouter = to_dev(router->m);
   MoePrefillWeights w;
   w.router = drouter->d;
-  w.gate = dgate->d;
-  w.up = dup->d;
-  w.down = ddown->d;
-  w.shared_gate = dsg->d;
-  w.shared_up = dsu->d;
-  w.shared_down = dsd->d;
-  w.shared_expert_gate = dseg->d;
-  w.E = c.E;
+  w.gate = ms.dgate->d;
+  w.up = ms.dup->d;
+  w.down = ms.ddown->d;
+  w.shared_gate = ms.dsg->d;
+  w.shared_up = ms.dsu->d;
+  w.shared_down = ms.dsd->d;
+  w.shared_expert_gate = ms.dseg->d;
+  w.E = ms.E;
   w.topk = 8;
   w.hidden = H;
   w.I = I;
   w.Is = Is;
   const int64_t S = T * 8;
   auto logits = poisoned(size_t(T * E));
-  DevRoute r(T, c.E, 8);
+  DevRoute r(T, ms.E, 8);
   auto act = poisoned(size_t(S * I)), slot_out = poisoned(size_t(S * H));
   auto sact = poisoned(size_t(T * Is)), shared = poisoned(size_t(T * H)), sgt = poisoned(size_t(T));
   MoePrefillScratch sc;
@@ -318,10 +329,10 @@ void run_moe(const MoeCase& c, uint32_t seed) {
   moe_prefill(w, dh->as<float>(), T, sc, dout->as<float>(), true, nullptr);
   auto got = to_host<float>(*dout, want.size());
   for (size_t i = 0; i < got.size(); ++i) got[i] -= resid[i];
-  const std::string what = fmt::format("moe_prefill {} E={} T={}{}", wformat_name(c.f), c.E, T,
-                                       c.one_direction ? " (all tokens on experts 0..7)" : "");
+  const std::string what = fmt::format("moe_prefill {} E={} T={}{}", wformat_name(ms.f), ms.E, T,
+                                       one_direction ? " (all tokens on experts 0..7)" : "");
   EXPECT_LT(rel_err(got, want, what.c_str()), 1e-2) << what;
-  if (c.one_direction) {
+  if (one_direction) {
     const auto counts = to_host<int>(*r.counts, size_t(E));
     for (int e = 0; e < E; ++e) EXPECT_EQ(counts[size_t(e)], e < 8 ? T : 0) << what << " expert " << e;
   }
@@ -335,17 +346,24 @@ void run_moe(const MoeCase& c, uint32_t seed) {
 
 TEST(PrefillMoe, BlockMatchesCpuQ4FullExperts) {
   REQUIRE_GPU();
-  uint32_t seed = 300;
-  for (int64_t T : {1, 7, 65, 1000}) run_moe({WFormat::Q4, 256, T, false}, seed++);
-  run_moe({WFormat::Q4, 256, 300, true}, seed++);
+  std::mt19937 g(300);
+  const MoeSet ms(WFormat::Q4, 256, g);
+  uint32_t seed = 301;
+  for (int64_t T : {1, 7, 65, 1000}) run_moe(ms, T, false, seed++);
+  run_moe(ms, 300, true, seed++);
 }
 
 TEST(PrefillMoe, BlockMatchesCpuBf16AndQ8) {
   REQUIRE_GPU();
-  uint32_t seed = 400;
-  run_moe({WFormat::BF16, 32, 63, false}, seed++);
-  run_moe({WFormat::BF16, 32, 200, true}, seed++);
-  run_moe({WFormat::Q8, 32, 64, false}, seed++);
+  std::mt19937 g(400);
+  uint32_t seed = 401;
+  {
+    const MoeSet ms(WFormat::BF16, 32, g);
+    run_moe(ms, 63, false, seed++);
+    run_moe(ms, 200, true, seed++);
+  }
+  const MoeSet ms(WFormat::Q8, 32, g);
+  run_moe(ms, 64, false, seed++);
 }
 
 // ---------------------------------------------------------------------------------------------
