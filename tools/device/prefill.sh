@@ -21,8 +21,8 @@ if ! "$BIN/test_cuda" --gtest_list_tests > /dev/null 2>&1; then
   BIN=build-dev
 fi
 rc=0
-timeout 330 "$BIN/test_cuda" --gtest_filter='Prefill*:-PrefillBench*' 2>&1 | tee "$OUTD/prefill_tests.log" || rc=1
-KESTREL_PREFILL_BENCH_DIR="$OUTD" timeout 150 "$BIN/test_cuda" --gtest_filter='PrefillBench*' 2>&1 \
+timeout 170 "$BIN/test_cuda" --gtest_filter='Prefill*:-PrefillBench*' 2>&1 | tee "$OUTD/prefill_tests.log" || rc=1
+KESTREL_PREFILL_BENCH_DIR="$OUTD" timeout 100 "$BIN/test_cuda" --gtest_filter='PrefillBench*' 2>&1 \
   | tee "$OUTD/prefill_bench.log" | grep -v '^\[ ' || rc=1
 echo "---- summary"
 grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUTD/prefill_tests.log" || true
