@@ -29,6 +29,14 @@ namespace {
 // ---------------------------------------------------------------- device memory
 class DeviceArena {
  public:
+  DeviceArena() = default;
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+  DeviceArena(DeviceArena&& o) noexcept : ptrs_(std::move(o.ptrs_)), bytes_(o.bytes_) {
+    o.ptrs_.clear();
+    o.bytes_ = 0;
+  }
+  DeviceArena& operator=(DeviceArena&&) = delete;
   ~DeviceArena() {
     for (void* p : ptrs_) cudaFree(p);
   }
@@ -339,6 +347,7 @@ struct Synth {
       d.scales = sc;
       d.biases = bi;
     }
+    d.data = data;
     m.weight_bytes += d.nbytes();
     return d;
   }

@@ -12,9 +12,11 @@
 namespace kestrel::cuda {
 
 void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
-  if (e != cudaSuccess)
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear it, so the next check does not report this failure again
     throw Error(fmt::format("CUDA error {} ({}) in {} at {}:{}", cudaGetErrorName(e),
                             cudaGetErrorString(e), what, file, line));
+  }
 }
 
 namespace {
