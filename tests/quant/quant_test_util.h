@@ -71,6 +71,24 @@ inline void write_variant(const fs::path& src, const fs::path& out,
   std::ofstream(out / "config.json") << cfg.dump(2);
 }
 
+// Every matrix of a model, mutable (in the order of for_each_mat).
+inline void for_each_mat_mut(ModelWeights& w, const std::function<void(Mat&)>& fn) {
+  fn(w.embed);
+  fn(w.lm_head);
+  for (auto& L : w.layers) {
+    for (Mat* m : {&L.gdn.in_proj_qkv, &L.gdn.in_proj_z, &L.gdn.in_proj_b, &L.gdn.in_proj_a,
+                   &L.gdn.out_proj, &L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj, &L.attn.o_proj,
+                   &L.moe.router, &L.moe.shared_gate, &L.moe.shared_up, &L.moe.shared_down,
+                   &L.moe.shared_expert_gate})
+      if (m->valid()) fn(*m);
+    for (size_t e = 0; e < L.moe.gate.size(); ++e) {
+      fn(L.moe.gate[e]);
+      fn(L.moe.up[e]);
+      fn(L.moe.down[e]);
+    }
+  }
+}
+
 // Every matrix of a model with a stable name.
 inline void for_each_mat(const ModelWeights& w, const std::function<void(const std::string&, const Mat&)>& fn) {
   fn("embed", w.embed);

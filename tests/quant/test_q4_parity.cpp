@@ -114,5 +114,54 @@ TEST(Q4Parity, HfQuantizedAtLoadMatchesTransformersWithTheMlxNorms) {
   EXPECT_EQ(r.greedy_mismatches, 0);
 }
 
+// --device cpu on an 8-bit model (every matrix Q8, `kestrel quantize` with 8 default bits): the
+// CPU kernels dequantise on the fly, so the logits equal those of the same model whose matrices are
+// stored as their dequantised fp32 values (both paths multiply by identical fp32 weights).
+TEST(Q4Parity, Q8ModelOnCpuEqualsItsDequantisedWeights) {
+  TmpDir d("q8");
+  quant::ConvertOptions o;
+  o.bits = 8;
+  quant::convert_hf_to_mlx(fixtures() / "tiny", d.path / "q8", o);
+  auto q8 = load_weights(d.path / "q8");
+  EXPECT_EQ(q8->source_format, "mlx-q8");
+  auto f32 = std::make_unique<ModelWeights>(*q8);
+  size_t n_q8 = 0;
+  for_each_mat_mut(*f32, [&](Mat& m) {
+    if (m.bits() == 0) return;
+    n_q8 += m.fmt == WFormat::Q8;
+    std::vector<uint8_t> buf(size_t(m.rows * m.cols) * 4);
+    auto* p = reinterpret_cast<float*>(buf.data());
+    for (int64_t r = 0; r < m.rows; ++r) m.row_f32(r, p + r * m.cols);
+    Mat f;
+    f.fmt = WFormat::F32;
+    f.rows = m.rows;
+    f.cols = m.cols;
+    f.data = p;
+    m = f;
+    f32->owned.push_back(std::move(buf));
+  });
+  EXPECT_GT(n_q8, 300u);
+  cpu::CpuBackend a(std::move(q8), 1), b(std::move(f32), 1);
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 40; ++i) toks.push_back(int32_t((i * 613 + 7) % 4000));
+  const SeqId sa = a.create_sequence(64), sb = b.create_sequence(64);
+  StepRequest ra{sa, toks, true}, rb{sb, toks, true};
+  StepResult oa, ob;
+  a.step({&ra, 1}, {&oa, 1});
+  b.step({&rb, 1}, {&ob, 1});
+  ASSERT_EQ(oa.logits.size(), ob.logits.size());
+  const double e = rel_err(oa.logits.data(), ob.logits.data(), int64_t(oa.logits.size()));
+  EXPECT_LE(e, 1e-6);
+  for (int s = 0; s < 8; ++s) {
+    const int32_t t = int32_t(argmax(oa.logits.data() + (oa.n_rows - 1) * 4096, 4096));
+    StepRequest da{sa, {&t, 1}, false}, db{sb, {&t, 1}, false};
+    a.step({&da, 1}, {&oa, 1});
+    b.step({&db, 1}, {&ob, 1});
+    EXPECT_LE(rel_err(oa.logits.data(), ob.logits.data(), 4096), 1e-6) << "decode step " << s;
+  }
+  std::printf("[q8] %zu Q8 matrices: CPU on-the-fly dequantisation vs dequantised fp32 weights, prompt "
+              "max rel diff %.2e\n", n_q8, e);
+}
+
 }  // namespace
 }  // namespace kestrel
