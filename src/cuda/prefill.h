@@ -32,14 +32,16 @@ enum class GemmEpi : uint8_t {
 struct PrefillGemmArgs {
   int64_t M = 0;              // rows (dense), or an upper bound on sum of group rows (grouped)
   int64_t N = 0, K = 0;       // per-group output width, reduction length (K % 64 == 0)
-  const float* A = nullptr;   // fp32 [*, lda]
+  const float* A = nullptr;   // fp32 [*, lda] (rounded to bf16 while staged), or
+  const uint16_t* A16 = nullptr;  // bf16 [*, lda] (the same numbers at half the bytes)
   int64_t lda = 0;
   const int* a_rows = nullptr;  // optional [M]: A row of row m (gather), a_rows[m] / a_div
   int a_div = 1;                // gather divisor (slot id -> token: topk)
   DMat W;                       // [groups * N, K]
   DMat W2;                      // SiluMul: up, same shape/format as W
   GemmEpi epi = GemmEpi::Store;
-  float* C = nullptr;           // fp32 [*, ldc]
+  float* C = nullptr;           // fp32 [*, ldc], or
+  uint16_t* C16 = nullptr;      // bf16 [*, ldc] (Store / SiluMul only)
   int64_t ldc = 0;
   const int* c_rows = nullptr;  // optional [M]: C row of row m (scatter)
   const float* row_scale = nullptr;  // optional: scale(m) = row_scale[c_row(m)]
@@ -49,6 +51,9 @@ struct PrefillGemmArgs {
   const int* tile_off = nullptr;   // device [groups + 1]
   int max_tiles = 0;               // host bound on tile_off[groups]
 };
+// out[r, c] = bf16(x[r, c]) for rows x cols (ldx, ldo in elements; cols % 8 == 0).
+void prefill_to_bf16_launch(const float* x, int64_t rows, int64_t cols, int64_t ldx, uint16_t* out,
+                            int64_t ldo, cudaStream_t s);
 constexpr int kPrefillBM = 64;  // rows per tile of the grouped GEMM (moe_route's tile prefix)
 void prefill_gemm_init();       // one-time kernel attributes (large shared memory)
 void prefill_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s);
@@ -111,9 +116,10 @@ struct MoePrefillScratch {
   int* group_off = nullptr;   // [E+1]
   int* tile_off = nullptr;    // [E+1]
   int* sorted = nullptr;      // [T*topk]
-  float* act = nullptr;       // [T*topk, I]
+  uint16_t* h16 = nullptr;    // bf16 [T, hidden]: the input, converted once
+  uint16_t* act = nullptr;    // bf16 [T*topk, I]
   float* slot_out = nullptr;  // [T*topk, hidden]
-  float* sact = nullptr;      // [T, Is]
+  uint16_t* sact = nullptr;   // bf16 [T, Is]
   float* shared = nullptr;    // [T, hidden]
   float* sgate = nullptr;     // [T]
 };
@@ -208,12 +214,17 @@ inline void prefill_check_mat(const DMat& w, int64_t rows, int64_t K, const char
 inline void prefill_gemm(const PrefillGemmArgs& a, cudaStream_t s) {
   KESTREL_CHECK(a.M >= 0 && a.N >= 1 && a.K >= 64 && a.K % 64 == 0,
                 "prefill_gemm: M {} N {} K {} (K a multiple of 64 needed)", a.M, a.N, a.K);
-  KESTREL_CHECK(a.A != nullptr && a.lda >= a.K && a.lda % 4 == 0 &&
-                    (reinterpret_cast<uintptr_t>(a.A) & 15) == 0,
-                "prefill_gemm: A null, lda {} < K {} or A/lda not 16-byte aligned", a.lda, a.K);
-  KESTREL_CHECK(a.C != nullptr && a.ldc >= a.N && a.ldc % 2 == 0 &&
-                    (reinterpret_cast<uintptr_t>(a.C) & 7) == 0,
-                "prefill_gemm: C null, ldc {} < N {} or not 8-byte aligned", a.ldc, a.N);
+  KESTREL_CHECK((a.A != nullptr) != (a.A16 != nullptr), "prefill_gemm: give exactly one of A, A16");
+  KESTREL_CHECK(a.lda >= a.K && a.lda % 8 == 0 &&
+                    (reinterpret_cast<uintptr_t>(a.A ? static_cast<const void*>(a.A)
+                                                     : static_cast<const void*>(a.A16)) & 15) == 0,
+                "prefill_gemm: lda {} < K {}, lda not a multiple of 8 or A not 16-byte aligned",
+                a.lda, a.K);
+  KESTREL_CHECK((a.C != nullptr) != (a.C16 != nullptr), "prefill_gemm: give exactly one of C, C16");
+  KESTREL_CHECK(a.ldc >= a.N && (reinterpret_cast<uintptr_t>(a.C ? static_cast<void*>(a.C)
+                                                                 : static_cast<void*>(a.C16)) & 3) == 0,
+                "prefill_gemm: ldc {} < N {} or C not 4-byte aligned", a.ldc, a.N);
+  KESTREL_CHECK(!(a.C16 && a.epi == GemmEpi::Residual), "prefill_gemm: Residual needs fp32 C");
   KESTREL_CHECK(a.a_div >= 1, "prefill_gemm: a_div {}", a.a_div);
   const int64_t g = a.groups > 0 ? a.groups : 1;
   prefill_check_mat(a.W, g * a.N, a.K, "prefill_gemm W");
@@ -268,16 +279,27 @@ inline void moe_prefill(const MoePrefillWeights& w, const float* h, int64_t T,
     prefill_check_mat(w.shared_down, w.hidden, w.Is, "moe_prefill shared_down");
     KESTREL_CHECK(w.shared_gate.fmt == w.shared_up.fmt, "moe_prefill: shared gate/up formats differ");
     KESTREL_CHECK(sc.sact && sc.shared, "moe_prefill: shared-expert scratch missing");
+    KESTREL_CHECK(w.Is % 8 == 0, "moe_prefill: Is {} not a multiple of 8", w.Is);
     if (w.shared_expert_gate.valid()) {
       prefill_check_mat(w.shared_expert_gate, 1, w.hidden, "moe_prefill shared_expert_gate");
       KESTREL_CHECK(sc.sgate, "moe_prefill: sgate scratch missing");
     }
   }
   KESTREL_CHECK(sc.logits && sc.topk_idx && sc.topk_w && sc.counts && sc.group_off && sc.tile_off &&
-                    sc.sorted && sc.act && sc.slot_out,
+                    sc.sorted && sc.h16 && sc.act && sc.slot_out,
                 "moe_prefill: scratch buffer missing");
   KESTREL_CHECK(moe_max_tiles(T, w.topk, w.E) < 65536, "moe_prefill: T {} too large for one call", T);
   moe_prefill_launch(w, h, T, sc, out, accumulate, s);
+}
+
+inline void prefill_to_bf16(const float* x, int64_t rows, int64_t cols, int64_t ldx, uint16_t* out,
+                            int64_t ldo, cudaStream_t s) {
+  KESTREL_CHECK(x && out && rows >= 0 && cols % 8 == 0 && ldx % 4 == 0 && ldo % 8 == 0 &&
+                    ldx >= cols && ldo >= cols && (reinterpret_cast<uintptr_t>(x) & 15) == 0 &&
+                    (reinterpret_cast<uintptr_t>(out) & 15) == 0,
+                "prefill_to_bf16: {} x {} (ldx {}, ldo {}) needs cols % 8, 16-byte alignment", rows,
+                cols, ldx, ldo);
+  if (rows > 0 && cols > 0) prefill_to_bf16_launch(x, rows, cols, ldx, out, ldo, s);
 }
 
 inline void prefill_conv(const PrefillConvArgs& a, cudaStream_t s) {

@@ -90,12 +90,14 @@ __device__ __forceinline__ void b_store(const BStage<F>& st, uint16_t* dst) {
   }
 }
 
-template <int BM, DFmt F, bool SILU>
-__global__ void __launch_bounds__(kThreads) gemm_kernel(const PrefillGemmArgs p) {
+template <int BM, DFmt F, bool SILU, bool A16>
+__global__ void __launch_bounds__(kThreads, A16 ? 2 : 1) gemm_kernel(const PrefillGemmArgs p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<GemmSmem<BM>*>(smem_raw);
   constexpr int MT = BM / 32;        // m16 tiles per warp (a warp covers BM/2 rows)
-  constexpr int AR = BM * 16 / kThreads;  // A float4 loads per thread per k-tile
+  // A loads per thread per k-tile: float4 (fp32 A) or uint4 of 8 bf16 (A16).
+  constexpr int AR = A16 ? BM * 8 / kThreads : BM * 16 / kThreads;
+  constexpr int ASH = A16 ? 3 : 4;  // log2 of the loads per A row
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp >> 2, wn = warp & 3;
 
@@ -120,16 +122,17 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const PrefillGemmArgs p)
   const int64_t K = p.K;
   const int KT = int(K / BK);
 
-  // A rows of this thread.
-  const float* arow[AR];
-  const int ac4 = tid & 15;
+  // A rows of this thread (byte pointers to its 16 bytes of k-tile 0).
+  const uint8_t* arow[AR];
+  const int ac = tid & ((1 << ASH) - 1);
 #pragma unroll
   for (int i = 0; i < AR; ++i) {
-    const int r = (tid >> 4) + 16 * i;
+    const int r = (tid >> ASH) + (kThreads >> ASH) * i;
     const int64_t m = m0 + r;
     if (m < m_end) {
       const int64_t ar = p.a_rows ? int64_t(p.a_rows[m] / p.a_div) : m;
-      arow[i] = p.A + ar * p.lda + 4 * ac4;
+      arow[i] = A16 ? reinterpret_cast<const uint8_t*>(p.A16 + ar * p.lda + 8 * ac)
+                    : reinterpret_cast<const uint8_t*>(p.A + ar * p.lda + 4 * ac);
     } else {
       arow[i] = nullptr;
     }
@@ -159,21 +162,28 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const PrefillGemmArgs p)
     }
   }
 
-  float4 areg[AR];
+  uint4 areg[AR];  // fp32 A: a float4's bits
   BStage<F> breg;
+  constexpr size_t a_tile_bytes = A16 ? BK * 2 : BK * 4;
   auto load_tile = [&](int kt) {
 #pragma unroll
     for (int i = 0; i < AR; ++i)
-      areg[i] = arow[i] ? __ldg(reinterpret_cast<const float4*>(arow[i] + size_t(kt) * BK))
-                        : make_float4(0.f, 0.f, 0.f, 0.f);
+      areg[i] = arow[i] ? __ldg(reinterpret_cast<const uint4*>(arow[i] + size_t(kt) * a_tile_bytes))
+                        : make_uint4(0, 0, 0, 0);
     b_load<F>(breg, wrow, srow, brow, kt, bh, bvalid);
   };
   auto store_tile = [&](int buf) {
 #pragma unroll
     for (int i = 0; i < AR; ++i) {
-      const int r = (tid >> 4) + 16 * i;
-      uint2 v = make_uint2(pf::pack_bf16(areg[i].x, areg[i].y), pf::pack_bf16(areg[i].z, areg[i].w));
-      *reinterpret_cast<uint2*>(&sm.a[buf][r][4 * ac4]) = v;
+      const int r = (tid >> ASH) + (kThreads >> ASH) * i;
+      if constexpr (A16) {
+        *reinterpret_cast<uint4*>(&sm.a[buf][r][8 * ac]) = areg[i];
+      } else {
+        const uint2 v = make_uint2(
+            pf::pack_bf16(__uint_as_float(areg[i].x), __uint_as_float(areg[i].y)),
+            pf::pack_bf16(__uint_as_float(areg[i].z), __uint_as_float(areg[i].w)));
+        *reinterpret_cast<uint2*>(&sm.a[buf][r][4 * ac]) = v;
+      }
     }
     b_store<F>(breg, &sm.b[buf][br][32 * bh]);
   };
@@ -229,7 +239,8 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const PrefillGemmArgs p)
       if (m >= m_end) continue;
       const int64_t crow = p.c_rows ? int64_t(p.c_rows[m]) : m;
       const float sc = p.row_scale ? p.row_scale[crow] : 1.f;
-      float* c = p.C + crow * p.ldc;
+      float* c = p.C ? p.C + crow * p.ldc : nullptr;
+      uint16_t* c16 = p.C16 ? p.C16 + crow * p.ldc : nullptr;
       constexpr int NTO = SILU ? 2 : 4;
 #pragma unroll
       for (int nt = 0; nt < NTO; ++nt) {
@@ -244,7 +255,14 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const PrefillGemmArgs p)
           v0 = acc[mt][nt][2 * hh] * sc;
           v1 = acc[mt][nt][2 * hh + 1] * sc;
         }
-        if (col + 1 < p.N && vec2) {
+        if (c16) {
+          if (col + 1 < p.N && vec2) {
+            *reinterpret_cast<uint32_t*>(c16 + col) = pf::pack_bf16(v0, v1);
+          } else {
+            if (col < p.N) c16[col] = __bfloat16_as_ushort(__float2bfloat16_rn(v0));
+            if (col + 1 < p.N) c16[col + 1] = __bfloat16_as_ushort(__float2bfloat16_rn(v1));
+          }
+        } else if (col + 1 < p.N && vec2) {
           float2* q = reinterpret_cast<float2*>(c + col);
           if (residual) {
             const float2 o = *q;
@@ -264,16 +282,19 @@ template <int BM, DFmt F, bool SILU>
 void launch_one(const PrefillGemmArgs& a, cudaStream_t s) {
   const unsigned gx = unsigned(SILU ? (a.N + 63) / 64 : (a.N + BN - 1) / BN);
   const unsigned gy = unsigned(a.groups > 0 ? a.max_tiles : (a.M + BM - 1) / BM);
-  gemm_kernel<BM, F, SILU><<<dim3(gx, gy), kThreads, sizeof(GemmSmem<BM>), s>>>(a);
+  if (a.A16) gemm_kernel<BM, F, SILU, true><<<dim3(gx, gy), kThreads, sizeof(GemmSmem<BM>), s>>>(a);
+  else gemm_kernel<BM, F, SILU, false><<<dim3(gx, gy), kThreads, sizeof(GemmSmem<BM>), s>>>(a);
   KCUDA_LAUNCH("prefill_gemm");
 }
 
 template <int BM, DFmt F>
 void set_attrs() {
-  KCUDA(cudaFuncSetAttribute(gemm_kernel<BM, F, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             int(sizeof(GemmSmem<BM>))));
-  KCUDA(cudaFuncSetAttribute(gemm_kernel<BM, F, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             int(sizeof(GemmSmem<BM>))));
+  const int sb = int(sizeof(GemmSmem<BM>));
+  const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  KCUDA(cudaFuncSetAttribute(gemm_kernel<BM, F, false, false>, attr, sb));
+  KCUDA(cudaFuncSetAttribute(gemm_kernel<BM, F, true, false>, attr, sb));
+  KCUDA(cudaFuncSetAttribute(gemm_kernel<BM, F, false, true>, attr, sb));
+  KCUDA(cudaFuncSetAttribute(gemm_kernel<BM, F, true, true>, attr, sb));
 }
 
 std::once_flag g_gemm_once;
@@ -461,7 +482,27 @@ __global__ void combine_kernel(const MoeCombineArgs a) {
   *o = acc;
 }
 
+__global__ void to_bf16_kernel(const float* x, int64_t rows, int64_t cols, int64_t ldx, uint16_t* out,
+                               int64_t ldo) {
+  const int64_t c8 = cols / 8;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * c8) return;
+  const int64_t r = i / c8, c = (i % c8) * 8;
+  const float4 a = *reinterpret_cast<const float4*>(x + r * ldx + c);
+  const float4 b = *reinterpret_cast<const float4*>(x + r * ldx + c + 4);
+  *reinterpret_cast<uint4*>(out + r * ldo + c) =
+      make_uint4(pf::pack_bf16(a.x, a.y), pf::pack_bf16(a.z, a.w), pf::pack_bf16(b.x, b.y),
+                 pf::pack_bf16(b.z, b.w));
+}
+
 }  // namespace
+
+void prefill_to_bf16_launch(const float* x, int64_t rows, int64_t cols, int64_t ldx, uint16_t* out,
+                            int64_t ldo, cudaStream_t s) {
+  const int64_t n = rows * (cols / 8);
+  to_bf16_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(x, rows, cols, ldx, out, ldo);
+  KCUDA_LAUNCH("prefill_to_bf16");
+}
 
 void prefill_gemm_init() {
   std::call_once(g_gemm_once, [] {
@@ -507,12 +548,14 @@ void moe_combine_launch(const MoeCombineArgs& a, cudaStream_t s) {
 void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
                         const MoePrefillScratch& sc, float* out, bool accumulate, cudaStream_t s) {
   const int64_t slots = T * w.topk;
+  // The input once in bf16 (the GEMMs round it to bf16 anyway: same numbers, half the bytes).
+  prefill_to_bf16_launch(h, T, w.hidden, w.hidden, sc.h16, w.hidden, s);
   // Router logits.
   PrefillGemmArgs g;
   g.M = T;
   g.N = w.E;
   g.K = w.hidden;
-  g.A = h;
+  g.A16 = sc.h16;
   g.lda = w.hidden;
   g.W = w.router;
   g.C = sc.logits;
@@ -536,14 +579,14 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   gu.M = slots;
   gu.N = w.I;
   gu.K = w.hidden;
-  gu.A = h;
+  gu.A16 = sc.h16;
   gu.lda = w.hidden;
   gu.a_rows = sc.sorted;
   gu.a_div = w.topk;
   gu.W = w.gate;
   gu.W2 = w.up;
   gu.epi = GemmEpi::SiluMul;
-  gu.C = sc.act;
+  gu.C16 = sc.act;
   gu.ldc = w.I;
   gu.groups = w.E;
   gu.group_off = sc.group_off;
@@ -555,7 +598,7 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   dn.M = slots;
   dn.N = w.hidden;
   dn.K = w.I;
-  dn.A = sc.act;
+  dn.A16 = sc.act;
   dn.lda = w.I;
   dn.W = w.down;
   dn.C = sc.slot_out;
@@ -574,19 +617,19 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
     sg.M = T;
     sg.N = w.Is;
     sg.K = w.hidden;
-    sg.A = h;
+    sg.A16 = sc.h16;
     sg.lda = w.hidden;
     sg.W = w.shared_gate;
     sg.W2 = w.shared_up;
     sg.epi = GemmEpi::SiluMul;
-    sg.C = sc.sact;
+    sg.C16 = sc.sact;
     sg.ldc = w.Is;
     prefill_gemm_launch(sg, s);
     PrefillGemmArgs sd;
     sd.M = T;
     sd.N = w.hidden;
     sd.K = w.Is;
-    sd.A = sc.sact;
+    sd.A16 = sc.sact;
     sd.lda = w.Is;
     sd.W = w.shared_down;
     sd.C = sc.shared;
@@ -597,7 +640,7 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
       sgt.M = T;
       sgt.N = 1;
       sgt.K = w.hidden;
-      sgt.A = h;
+      sgt.A16 = sc.h16;
       sgt.lda = w.hidden;
       sgt.W = w.shared_expert_gate;
       sgt.C = sc.sgate;

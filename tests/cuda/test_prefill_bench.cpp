@@ -118,20 +118,35 @@ void bench(const char* wname, DFmt F, int64_t T) {
   auto a4096 = act(size_t(T * 4096), seed++);
   auto y512a = std::make_unique<DevBuf>(size_t(T * 512) * 4), y512b = std::make_unique<DevBuf>(size_t(T * 512) * 4);
   auto logits = std::make_unique<DevBuf>(size_t(V) * 4);
+  auto h16 = std::make_unique<DevBuf>(size_t(T * H) * 2), a16 = std::make_unique<DevBuf>(size_t(T * 4096) * 2);
+  // Dense projections read bf16 activations (the GEMM rounds to bf16 anyway): one conversion of the
+  // layer input and one of the out/o_proj input per layer, timed inside the stage.
+  auto dense16 = [&](const uint16_t* A, const DMat& W, float* C, GemmEpi epi = GemmEpi::Store) {
+    PrefillGemmArgs a = dense(nullptr, T, W, C, epi);
+    a.A = nullptr;
+    a.A16 = A;
+    prefill_gemm(a, nullptr);
+  };
 
   std::map<std::string, double> st;
+  const uint16_t* H16 = h16->as<uint16_t>();
+  const uint16_t* A16 = a16->as<uint16_t>();
   st["gdn_proj"] = time_ms([&] {
-    prefill_gemm(dense(h->as<float>(), T, qkv->d, y8192->as<float>()), nullptr);
-    prefill_gemm(dense(h->as<float>(), T, z->d, y4096->as<float>()), nullptr);
-    prefill_gemm(dense(h->as<float>(), T, pb->d, y32a->as<float>()), nullptr);
-    prefill_gemm(dense(h->as<float>(), T, pa->d, y32b->as<float>()), nullptr);
-    prefill_gemm(dense(a4096->as<float>(), T, outp->d, x->as<float>(), GemmEpi::Residual), nullptr);
+    prefill_to_bf16(h->as<float>(), T, H, H, h16->as<uint16_t>(), H, nullptr);
+    dense16(H16, qkv->d, y8192->as<float>());
+    dense16(H16, z->d, y4096->as<float>());
+    dense16(H16, pb->d, y32a->as<float>());
+    dense16(H16, pa->d, y32b->as<float>());
+    prefill_to_bf16(a4096->as<float>(), T, 4096, 4096, a16->as<uint16_t>(), 4096, nullptr);
+    dense16(A16, outp->d, x->as<float>(), GemmEpi::Residual);
   });
   st["attn_proj"] = time_ms([&] {
-    prefill_gemm(dense(h->as<float>(), T, qp->d, y8192->as<float>()), nullptr);
-    prefill_gemm(dense(h->as<float>(), T, kp->d, y512a->as<float>()), nullptr);
-    prefill_gemm(dense(h->as<float>(), T, vp->d, y512b->as<float>()), nullptr);
-    prefill_gemm(dense(a4096->as<float>(), T, op->d, x->as<float>(), GemmEpi::Residual), nullptr);
+    prefill_to_bf16(h->as<float>(), T, H, H, h16->as<uint16_t>(), H, nullptr);
+    dense16(H16, qp->d, y8192->as<float>());
+    dense16(H16, kp->d, y512a->as<float>());
+    dense16(H16, vp->d, y512b->as<float>());
+    prefill_to_bf16(a4096->as<float>(), T, 4096, 4096, a16->as<uint16_t>(), 4096, nullptr);
+    dense16(A16, op->d, x->as<float>(), GemmEpi::Residual);
   });
   {
     MoePrefillWeights w;
@@ -150,11 +165,13 @@ void bench(const char* wname, DFmt F, int64_t T) {
     w.Is = Is;
     const int64_t S = T * topk;
     DevBuf lg(size_t(T * E) * 4), ti(size_t(S) * 4), tw(size_t(S) * 4), cn(size_t(E) * 4),
-        go(size_t(E + 1) * 4), to(size_t(E + 1) * 4), so(size_t(S) * 4), ac(size_t(S * I) * 4),
-        sl(size_t(S * H) * 4), sa(size_t(T * Is) * 4), sh(size_t(T * H) * 4), sgt(size_t(T) * 4);
-    MoePrefillScratch sc{lg.as<float>(), ti.as<int>(), tw.as<float>(), cn.as<int>(), go.as<int>(),
-                         to.as<int>(), so.as<int>(), ac.as<float>(), sl.as<float>(), sa.as<float>(),
-                         sh.as<float>(), sgt.as<float>()};
+        go(size_t(E + 1) * 4), to(size_t(E + 1) * 4), so(size_t(S) * 4), ac(size_t(S * I) * 2),
+        sl(size_t(S * H) * 4), sa(size_t(T * Is) * 2), sh(size_t(T * H) * 4), sgt(size_t(T) * 4),
+        mh16(size_t(T * H) * 2);
+    MoePrefillScratch sc{lg.as<float>(), ti.as<int>(),      tw.as<float>(),    cn.as<int>(),
+                         go.as<int>(),   to.as<int>(),      so.as<int>(),      mh16.as<uint16_t>(),
+                         ac.as<uint16_t>(), sl.as<float>(), sa.as<uint16_t>(), sh.as<float>(),
+                         sgt.as<float>()};
     st["moe"] = time_ms([&] { moe_prefill(w, h->as<float>(), T, sc, x->as<float>(), true, nullptr); });
     // The routed-expert GEMMs alone (routing fixed by the last run).
     st["moe_experts_only"] = time_ms([&] {
@@ -162,14 +179,14 @@ void bench(const char* wname, DFmt F, int64_t T) {
       gu.M = S;
       gu.N = I;
       gu.K = H;
-      gu.A = h->as<float>();
+      gu.A16 = mh16.as<uint16_t>();
       gu.lda = H;
       gu.a_rows = so.as<int>();
       gu.a_div = int(topk);
       gu.W = gate->d;
       gu.W2 = up->d;
       gu.epi = GemmEpi::SiluMul;
-      gu.C = ac.as<float>();
+      gu.C16 = ac.as<uint16_t>();
       gu.ldc = I;
       gu.groups = int(E);
       gu.group_off = go.as<int>();
@@ -179,13 +196,14 @@ void bench(const char* wname, DFmt F, int64_t T) {
       PrefillGemmArgs dn = gu;
       dn.N = H;
       dn.K = I;
-      dn.A = ac.as<float>();
+      dn.A16 = ac.as<uint16_t>();
       dn.lda = I;
       dn.a_rows = nullptr;
       dn.a_div = 1;
       dn.W = down->d;
       dn.W2 = DMat{};
       dn.epi = GemmEpi::Store;
+      dn.C16 = nullptr;
       dn.C = sl.as<float>();
       dn.ldc = H;
       dn.c_rows = so.as<int>();

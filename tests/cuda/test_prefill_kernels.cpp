@@ -21,10 +21,18 @@ std::vector<float> bf16_round(std::vector<float> v) {
   for (auto& x : v) x = round_bf16(x);
   return v;
 }
+// bf16 device buffer of n elements poisoned with NaN (0xffff).
+std::unique_ptr<DevBuf> poisoned16(size_t n) {
+  auto b = std::make_unique<DevBuf>(n * 2);
+  KCUDA(cudaMemset(b->p, 0xff, n * 2));
+  return b;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Dense fused-dequant GEMM.
-void run_gemm(WFormat f, int64_t M, int64_t N, int64_t K, GemmEpi epi, uint32_t seed) {
+// bf16io: A converted on the GPU to bf16 (prefill_to_bf16) and given as A16; output in bf16 (C16).
+void run_gemm(WFormat f, int64_t M, int64_t N, int64_t K, GemmEpi epi, uint32_t seed,
+              bool bf16io = false) {
   std::mt19937 g(seed);
   auto W = make_mat(f, N, K, g);
   auto W2 = make_mat(f, N, K, g);
@@ -43,21 +51,34 @@ void run_gemm(WFormat f, int64_t M, int64_t N, int64_t K, GemmEpi epi, uint32_t 
   auto dW2 = to_dev(W2->m);
   auto dx = to_dev(x);
   auto dy = epi == GemmEpi::Residual ? to_dev(init) : poisoned(want.size());
+  auto dx16 = poisoned16(size_t(M * K));
+  auto dy16 = poisoned16(want.size());
   PrefillGemmArgs a;
   a.M = M;
   a.N = N;
   a.K = K;
-  a.A = dx->as<float>();
+  if (bf16io) {
+    prefill_to_bf16(dx->as<float>(), M, K, K, dx16->as<uint16_t>(), K, nullptr);
+    a.A16 = dx16->as<uint16_t>();
+    a.C16 = dy16->as<uint16_t>();
+  } else {
+    a.A = dx->as<float>();
+    a.C = dy->as<float>();
+  }
   a.lda = K;
   a.W = dW->d;
   if (epi == GemmEpi::SiluMul) a.W2 = dW2->d;
   a.epi = epi;
-  a.C = dy->as<float>();
   a.ldc = N;
   prefill_gemm(a, nullptr);
-  const auto got = to_host<float>(*dy, want.size());
-  const std::string what = fmt::format("prefill_gemm {} M={} N={} K={} epi={}", wformat_name(f), M, N,
-                                       K, int(epi));
+  std::vector<float> got;
+  if (bf16io) {
+    for (uint16_t v : to_host<uint16_t>(*dy16, want.size())) got.push_back(bf16_to_f32(v));
+  } else {
+    got = to_host<float>(*dy, want.size());
+  }
+  const std::string what = fmt::format("prefill_gemm {} M={} N={} K={} epi={}{}", wformat_name(f), M,
+                                       N, K, int(epi), bf16io ? " bf16 in/out" : "");
   EXPECT_LT(rel_err(got, want, what.c_str()), 1e-2) << what;
 }
 
@@ -71,6 +92,16 @@ TEST(PrefillGemm, DenseMatchesCpuAllFormatsAndTokenCounts) {
   run_gemm(WFormat::BF16, 4096, 130, 4096, GemmEpi::Store, seed++);
   run_gemm(WFormat::Q8, 300, 256, 2048, GemmEpi::Store, seed++);
   run_gemm(WFormat::Q4, 65, 1, 2048, GemmEpi::Store, seed++);  // shared_expert_gate: N = 1
+}
+
+TEST(PrefillGemm, Bf16InputAndOutput) {
+  REQUIRE_GPU();
+  uint32_t seed = 150;
+  for (WFormat f : {WFormat::BF16, WFormat::Q4, WFormat::Q8})
+    for (int64_t M : {1, 63, 1000}) run_gemm(f, M, 200, 512, GemmEpi::Store, seed++, true);
+  run_gemm(WFormat::Q4, 4096, 384, 2048, GemmEpi::Store, seed++, true);
+  run_gemm(WFormat::Q4, 1000, 512, 2048, GemmEpi::SiluMul, seed++, true);
+  run_gemm(WFormat::BF16, 65, 1, 2048, GemmEpi::Store, seed++, true);
 }
 
 TEST(PrefillGemm, ResidualAndSiluMulEpilogues) {
@@ -307,8 +338,9 @@ void run_moe(const MoeSet& ms, int64_t T, bool one_direction, uint32_t seed) {
   const int64_t S = T * 8;
   auto logits = poisoned(size_t(T * E));
   DevRoute r(T, ms.E, 8);
-  auto act = poisoned(size_t(S * I)), slot_out = poisoned(size_t(S * H));
-  auto sact = poisoned(size_t(T * Is)), shared = poisoned(size_t(T * H)), sgt = poisoned(size_t(T));
+  auto act = poisoned16(size_t(S * I)), slot_out = poisoned(size_t(S * H));
+  auto sact = poisoned16(size_t(T * Is)), shared = poisoned(size_t(T * H)), sgt = poisoned(size_t(T));
+  auto h16 = poisoned16(size_t(T * H));
   MoePrefillScratch sc;
   sc.logits = logits->as<float>();
   sc.topk_idx = r.a.topk_idx;
@@ -317,9 +349,10 @@ void run_moe(const MoeSet& ms, int64_t T, bool one_direction, uint32_t seed) {
   sc.group_off = r.a.group_off;
   sc.tile_off = r.a.tile_off;
   sc.sorted = r.a.sorted;
-  sc.act = act->as<float>();
+  sc.h16 = h16->as<uint16_t>();
+  sc.act = act->as<uint16_t>();
   sc.slot_out = slot_out->as<float>();
-  sc.sact = sact->as<float>();
+  sc.sact = sact->as<uint16_t>();
   sc.shared = shared->as<float>();
   sc.sgate = sgt->as<float>();
   auto dh = to_dev(h);
