@@ -39,7 +39,7 @@ std::optional<int64_t> opt_int(const json& b, const char* k, int64_t lo, int64_t
   auto bad = [&] { return invalid(fmt::format("'{}' must be an integer between {} and {}", k, lo, hi), k); };
   if (v->is_number_unsigned()) {
     uint64_t u = v->get<uint64_t>();
-    if (u > uint64_t(INT64_MAX) || int64_t(u) > hi) throw bad();
+    if (u > uint64_t(INT64_MAX) || int64_t(u) > hi || int64_t(u) < lo) throw bad();
     return int64_t(u);
   }
   if (v->is_number_integer()) {

@@ -8,6 +8,10 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <random>
@@ -392,6 +396,17 @@ HttpServer::HttpServer(ServerOptions opts) : opts_(std::move(opts)), svr_(std::m
   s.set_read_timeout(opts_.read_timeout_s, 0);
   s.set_write_timeout(opts_.write_timeout_s, 0);
   s.set_payload_max_length(opts_.max_body);
+  // A Content-Length that is not a plain decimal number (httplib would read "-5" as 2^64-5 and wait
+  // for that body) is refused before any body is read.
+  s.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!req.has_header("Content-Length")) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string v = req.get_header_value("Content-Length");
+    if (!v.empty() && v.size() <= 19 && std::all_of(v.begin(), v.end(), ::isdigit))
+      return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("Connection", "close");
+    send_json(res, 400, ApiError(400, "invalid_request_error", "invalid Content-Length").to_json());
+    return httplib::Server::HandlerResponse::Handled;
+  });
   auto handler = [this](const httplib::Request& req, httplib::Response& res) { dispatch(req, res); };
   for (auto reg : {&httplib::Server::Get, &httplib::Server::Post, &httplib::Server::Put, &httplib::Server::Delete,
                    &httplib::Server::Patch, &httplib::Server::Options}) {
@@ -432,7 +447,27 @@ int HttpServer::bind() {
     KESTREL_CHECK(svr_->bind_to_port(opts_.host, opts_.port), "cannot bind {}:{} (in use, or not a local address?)",
                   opts_.host, opts_.port);
   }
+  widen_backlog(opts_.port);
   return opts_.port;
+}
+
+// The packaged httplib listens with a backlog of 5 (compiled into the .so): a burst of connections
+// (16 clients starting at once) overflows it and the kernel drops SYNs, which clients retry after
+// 1 s. Re-listening on the same socket raises the backlog; the socket is found as the listening
+// socket bound to our port.
+void HttpServer::widen_backlog(int port) {
+  for (int fd = 0; fd < 4096; ++fd) {
+    int acc = 0;
+    socklen_t len = sizeof(acc);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &len) != 0 || !acc) continue;
+    sockaddr_storage ss{};
+    socklen_t sl = sizeof(ss);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &sl) != 0) continue;
+    int p = ss.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port)
+            : ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port) : -1;
+    if (p == port && ::listen(fd, 1024) == 0) return;
+  }
+  spdlog::warn("could not raise the listen backlog; bursts of connections may see 1 s SYN retries");
 }
 
 void HttpServer::run() { svr_->listen_after_bind(); }

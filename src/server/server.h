@@ -57,6 +57,7 @@ class HttpServer {
   void handle_detokenize(const httplib::Request& req, httplib::Response& res);
   void handle_apply_template(const httplib::Request& req, httplib::Response& res);
   bool authorized(const httplib::Request& req) const;
+  void widen_backlog(int port);
 
   ServerOptions opts_;
   std::unique_ptr<httplib::Server> svr_;

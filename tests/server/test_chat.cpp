@@ -104,6 +104,8 @@ TEST(Chat, ValidationNamesTheParam) {
   EXPECT_EQ(param_of(b("top_p", 0)), "top_p");
   EXPECT_EQ(param_of(b("top_k", 1.5)), "top_k");
   EXPECT_EQ(param_of(b("max_tokens", 0)), "max_tokens");
+  EXPECT_EQ(param_of(b("max_tokens", json::parse("0"))), "max_tokens");  // parsed as unsigned
+  EXPECT_EQ(param_of(b("n", json::parse("0"))), "n");
   EXPECT_EQ(param_of(b("max_tokens", json::parse("9223372036854775808"))), "max_tokens");
   EXPECT_EQ(param_of(b("max_completion_tokens", -1)), "max_completion_tokens");
   EXPECT_EQ(param_of(b("n", 2)), "n");
