@@ -12,7 +12,7 @@ export const SCRIPT = path.join(SRC, 'tests', 'server', 'script.json');
 // Resolves once "listening on" (and, with waitReady, "ready on") has been printed.
 export function startServer(args, { waitReady = true, timeoutMs = 60000 } = {}) {
   return new Promise((resolve, reject) => {
-    const proc = spawn(BIN, ['serve', '--port', '0', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const proc = spawn(BIN, ['serve', '--port', '0', '--threads', '1', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     let log = '';
     let port = 0;
@@ -55,6 +55,14 @@ export async function metric(base, name, headers = {}) {
   const t = await r.text();
   const m = t.match(new RegExp(`^${name} (\\S+)$`, 'm'));
   return m ? Number(m[1]) : NaN;
+}
+
+// All unlabelled metrics of one /metrics scrape, by name.
+export async function metrics(base, headers = {}) {
+  const t = await (await fetch(`${base}/metrics`, { headers })).text();
+  const out = {};
+  for (const m of t.matchAll(/^([a-z_]+) (\S+)$/gm)) out[m[1]] = Number(m[2]);
+  return out;
 }
 
 export function rssKiB(pid) {

@@ -9,7 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { execFileSync } from 'node:child_process';
 import OpenAI from 'openai';
-import { startServer, metric, sleep, TINY, SCRIPT } from './harness.mjs';
+import { startServer, metric, metrics, sleep, TINY, SCRIPT } from './harness.mjs';
 
 let real, scripted;
 const clients = {};
@@ -279,9 +279,11 @@ test('abort mid-stream cancels the generation within 100 ms', async () => {
   assert.ok(tAbort > 0);
   let elapsed = Infinity;
   for (;;) {
-    const running = await metric(scripted.base, 'kestrel_requests_running');
-    const cancelled = await metric(scripted.base, 'kestrel_requests_cancelled_total');
-    if (running === 0 && cancelled === before + 1) { elapsed = performance.now() - tAbort; break; }
+    const m = await metrics(scripted.base);
+    if (m.kestrel_requests_running === 0 && m.kestrel_requests_cancelled_total === before + 1) {
+      elapsed = performance.now() - tAbort;
+      break;
+    }
     if (performance.now() - tAbort > 2000) break;
     await sleep(2);
   }
