@@ -185,7 +185,9 @@ TEST(Cli, TemplateAndTokenizeCommands) {
   const std::string plain = run_capture(bin + " tokenize --model '" + tiny_dir + "' --text 'hello'");
   EXPECT_NE(plain.find("tokens"), std::string::npos);
   EXPECT_THROW(run_capture(bin + " tokenize --model /nonexistent --text x 2>/dev/null"), std::runtime_error);
-  EXPECT_THROW(run_capture(bin + " tokenize --model '" + tiny_dir + "' --text $'\\xff' 2>/dev/null"), std::runtime_error);
+  std::ofstream(d / "bad.txt") << "ok\xff";
+  EXPECT_THROW(run_capture(bin + " tokenize --model '" + tiny_dir + "' --file '" + (d / "bad.txt").string() + "' 2>/dev/null"),
+               std::runtime_error);
 }
 
 }  // namespace
