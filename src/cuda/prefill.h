@@ -141,7 +141,8 @@ struct PrefillConvArgs {
 };
 void prefill_conv_launch(const PrefillConvArgs& a, cudaStream_t s);
 
-// Chunked delta rule. u: post-conv fp32 [T, ldu] holding q (Hk*dk) | k (Hk*dk) | v (Hv*dv), raw
+// Chunked delta rule (two kernels: the chunk products for all chunks in parallel, then the
+// sequential scan over chunks with the state in shared memory). u: post-conv fp32 [T, ldu] holding q (Hk*dk) | k (Hk*dk) | v (Hv*dv), raw
 // (L2-normalised here, q also scaled by dk^-1/2); b, a: fp32 raw projections [T, ldb/lda];
 // beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias). state fp32 [Hv, dv, dk] (decode's
 // layout), updated; o fp32 [T, Hv*dv]. Widths: dk = dv = 128, Hv % Hk == 0.
@@ -156,9 +157,13 @@ struct PrefillGdnArgs {
   const float* dt_bias = nullptr;
   float* state = nullptr;
   float* o = nullptr;
+  float* scratch = nullptr;  // prefill_gdn_scratch_bytes(T, Hv) bytes (16-byte aligned)
   int Hk = 0, Hv = 0, dk = 0, dv = 0;
 };
 constexpr int kGdnChunk = 64;
+// Scratch of the chunk products (W, U, q exp(G), k exp(G_last - G), P, exp(G_last)): about
+// 4 * 2304 * Hv bytes per token (302 MB for 4096 tokens at Hv = 32).
+size_t prefill_gdn_scratch_bytes(int64_t T, int Hv);
 void prefill_gdn_init();
 void prefill_gdn_launch(const PrefillGdnArgs& a, cudaStream_t s);
 
@@ -314,8 +319,9 @@ inline void prefill_gdn(const PrefillGdnArgs& a, cudaStream_t s) {
   KESTREL_CHECK(a.dk == 128 && a.dv == 128, "prefill_gdn: dk {} dv {} (kernel for 128 x 128)", a.dk,
                 a.dv);
   KESTREL_CHECK(a.Hk >= 1 && a.Hv >= a.Hk && a.Hv % a.Hk == 0, "prefill_gdn: Hk {} Hv {}", a.Hk, a.Hv);
-  KESTREL_CHECK(a.T >= 1 && a.u && a.b && a.a && a.A_log && a.dt_bias && a.state && a.o,
+  KESTREL_CHECK(a.T >= 1 && a.u && a.b && a.a && a.A_log && a.dt_bias && a.state && a.o && a.scratch,
                 "prefill_gdn: T {} or null buffer", a.T);
+  KESTREL_CHECK((reinterpret_cast<uintptr_t>(a.scratch) & 15) == 0, "prefill_gdn: scratch not aligned");
   KESTREL_CHECK(a.ldu >= int64_t(2 * a.Hk * a.dk + a.Hv * a.dv) && a.ldu % 4 == 0 &&
                     (reinterpret_cast<uintptr_t>(a.u) & 15) == 0,
                 "prefill_gdn: ldu {} (need >= {}, multiple of 4, 16-byte aligned u)", a.ldu,

@@ -1,14 +1,14 @@
 // Gated DeltaNet prefill: causal conv1d + SiLU over T tokens (conv window carried in the decode
 // layout), then the chunked (WY) delta rule, chunk 64, fp32 state carried between chunks in the
-// decode layout [Hv, dv, dk].
+// decode layout [Hv, dv, dk]. fp32 throughout (the reference's precision for the delta rule).
 //
-// One block per (v-head, 32-column slice of dv): the columns of the state evolve independently
-// given k, beta and g, so the 128 x 32 state slice stays in shared memory for the whole prompt and
-// the chunks run in order inside the block. Per chunk (64 tokens, C = chunk positions):
-//   A_ij = beta_i (k_i . k_j) exp(G_i - G_j) (j < i),  P_ij = (q_i . k_j) exp(G_i - G_j) (j <= i)
-//   [W | U] = (I + A)^-1 [k_beta exp(G) | v_beta]      (forward substitution, one column per thread)
-//   V' = U - W S;  O = exp(G) (q S) + P V';  S = exp(G_63) S + (k exp(G_63 - G))^T V'
-// fp32 throughout (the reference's precision for the delta rule).
+// Two kernels. Per chunk c (64 positions i, j; G = in-chunk cumsum of g):
+//   1. gdn_prep (one block per (chunk, v-head), all chunks in parallel: nothing here needs the state)
+//        A_ij = beta_i (k_i . k_j) exp(G_i - G_j) (j < i),  P_ij = (q_i . k_j) exp(G_i - G_j) (j <= i)
+//        [W | U] = (I + A)^-1 [k_beta exp(G) | v_beta]   (forward substitution, a column per thread)
+//        Qe = q exp(G),  Kd = k exp(G_63 - G),  eL = exp(G_63)
+//   2. gdn_scan (one block per (v-head, 32-column slice of dv); the state slice stays in shared
+//      memory; chunks in order):  V' = U - W S;  O = Qe S + P V';  S = eL S + Kd^T V'
 #include "cuda/common.cuh"
 #include "cuda/prefill.h"
 
@@ -18,183 +18,265 @@ namespace kestrel::cuda {
 namespace {
 
 constexpr int C = kGdnChunk;  // 64
-constexpr int DK = 128, DVS = 32, NSL = 128 / DVS;
+constexpr int DK = 128, DV = 128, DVS = 32, NSL = DV / DVS;
 constexpr int KP = DK + 4;  // padded row of K/Q (float4-aligned)
 constexpr int AP = C + 1;
-constexpr int XW = DK + DVS;  // solve columns: W (128) | U (32)
 constexpr int kThreads = 256;
 
-struct GdnSmem {
+struct PrepSmem {
   float k[C][KP];
   float q[C][KP];
   float A[C][AP];
   float P[C][AP];
-  float X[C][XW];
-  float S[DK][DVS];
-  float vp[C][DVS];
-  float v[C][DVS];
-  float beta[C], G[C], eG[C], kdec[C];
+  float X[C][DK + DV];  // W | U
+  float beta[C], G[C], eG[C];
 };
 
-__global__ void __launch_bounds__(kThreads) gdn_chunk_kernel(const PrefillGdnArgs a) {
+// Scratch layout (fp32): W, U, Qe, Kd [Tp, Hv, 128]; P [nch, Hv, 64, 64]; eL [nch, Hv].
+struct GdnScratch {
+  float *W, *U, *Qe, *Kd, *P, *eL;
+};
+__host__ __device__ inline GdnScratch gdn_scratch(float* base, int64_t T, int Hv) {
+  const int64_t nch = (T + C - 1) / C, Tp = nch * C;
+  GdnScratch g;
+  const size_t big = size_t(Tp) * Hv * 128;
+  g.W = base;
+  g.U = g.W + big;
+  g.Qe = g.U + big;
+  g.Kd = g.Qe + big;
+  g.P = g.Kd + big;
+  g.eL = g.P + size_t(nch) * Hv * C * C;
+  return g;
+}
+
+__global__ void __launch_bounds__(kThreads) gdn_prep_kernel(const PrefillGdnArgs a) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  GdnSmem& sm = *reinterpret_cast<GdnSmem*>(smem_raw);
-  const int j = blockIdx.x, sl = blockIdx.y;
+  PrepSmem& sm = *reinterpret_cast<PrepSmem*>(smem_raw);
+  const int64_t ch = blockIdx.x;
+  const int j = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int hk = j / (a.Hv / a.Hk);
   const float qscale = rsqrtf(float(DK));
   const float Aexp = expf(a.A_log[j]), dtb = a.dt_bias[j];
-  float* state = a.state + size_t(j) * 128 * DK;  // [dv][dk]
+  const int64_t t0 = ch * C;
+  const GdnScratch g = gdn_scratch(a.scratch, a.T, a.Hv);
 
-  // Load the state slice: S[r][c] = state[sl*32 + c][r].
+  // Tokens: k, q L2-normalised (q scaled), v into X's U half, beta, g.
+  for (int i = warp; i < C; i += kThreads / 32) {
+    const int64_t t = t0 + i;
+    if (t < a.T) {
+      const float* ut = a.u + t * a.ldu;
+      float4 kv = reinterpret_cast<const float4*>(ut + a.Hk * DK + hk * DK)[lane];
+      float4 qv = reinterpret_cast<const float4*>(ut + hk * DK)[lane];
+      const float4 vv = reinterpret_cast<const float4*>(ut + 2 * a.Hk * DK + j * DV)[lane];
+      const float kss = warp_sum(kv.x * kv.x + kv.y * kv.y + kv.z * kv.z + kv.w * kv.w);
+      const float qss = warp_sum(qv.x * qv.x + qv.y * qv.y + qv.z * qv.z + qv.w * qv.w);
+      const float ki = 1.f / sqrtf(kss + 1e-6f), qi = 1.f / sqrtf(qss + 1e-6f) * qscale;
+      kv.x *= ki, kv.y *= ki, kv.z *= ki, kv.w *= ki;
+      qv.x *= qi, qv.y *= qi, qv.z *= qi, qv.w *= qi;
+      *reinterpret_cast<float4*>(&sm.k[i][4 * lane]) = kv;
+      *reinterpret_cast<float4*>(&sm.q[i][4 * lane]) = qv;
+      const float bt = sigmoid_f(a.b[t * a.ldb + j]);
+      *reinterpret_cast<float4*>(&sm.X[i][DK + 4 * lane]) =
+          make_float4(vv.x * bt, vv.y * bt, vv.z * bt, vv.w * bt);
+      if (lane == 0) {
+        sm.beta[i] = bt;
+        sm.G[i] = -Aexp * softplus_f(a.a[t * a.lda + j] + dtb);
+      }
+    } else {
+      const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+      *reinterpret_cast<float4*>(&sm.k[i][4 * lane]) = z;
+      *reinterpret_cast<float4*>(&sm.q[i][4 * lane]) = z;
+      *reinterpret_cast<float4*>(&sm.X[i][DK + 4 * lane]) = z;
+      if (lane == 0) {
+        sm.beta[i] = 0.f;
+        sm.G[i] = 0.f;
+      }
+    }
+  }
+  __syncthreads();
+  // Inclusive cumsum of g (sequential, as the reference).
+  if (tid == 0) {
+    float acc = 0.f;
+    for (int i = 0; i < C; ++i) {
+      acc += sm.G[i];
+      sm.G[i] = acc;
+    }
+  }
+  __syncthreads();
+  if (tid < C) sm.eG[tid] = expf(sm.G[tid]);
+  // A, P (lower parts).
+  {
+    const int i = tid >> 2;
+    const float Gi = sm.G[i], bi = sm.beta[i];
+    const float4* ki = reinterpret_cast<const float4*>(sm.k[i]);
+    const float4* qi = reinterpret_cast<const float4*>(sm.q[i]);
+    for (int jj = 0; jj < C / 4; ++jj) {
+      const int jx = (tid & 3) + 4 * jj;
+      float av = 0.f, pv = 0.f;
+      if (jx <= i) {
+        const float4* kj = reinterpret_cast<const float4*>(sm.k[jx]);
+        float dkk = 0.f, dqk = 0.f;
+#pragma unroll 8
+        for (int r = 0; r < DK / 4; ++r) {
+          const float4 x = kj[r], y = ki[r], z = qi[r];
+          dkk += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+          dqk += x.x * z.x + x.y * z.y + x.z * z.z + x.w * z.w;
+        }
+        const float d = expf(Gi - sm.G[jx]);
+        pv = dqk * d;
+        if (jx < i) av = bi * dkk * d;
+      }
+      sm.A[i][jx] = av;
+      sm.P[i][jx] = pv;
+    }
+  }
+  __syncthreads();
+  for (int x = tid; x < C * DK; x += kThreads) {
+    const int i = x / DK, c = x % DK;
+    sm.X[i][c] = sm.k[i][c] * sm.beta[i] * sm.eG[i];
+  }
+  __syncthreads();
+  // Forward substitution: X_i -= sum_{j<i} A_ij X_j, one column per thread, in registers; the
+  // result goes straight to W (columns 0..127) or U (128..255).
+  {
+    const int col = tid;  // 0..255
+    float* dst = col < DK ? g.W + (t0 * a.Hv + j) * 128 + col : g.U + (t0 * a.Hv + j) * 128 + (col - DK);
+    float x[C];
+#pragma unroll
+    for (int i = 0; i < C; ++i) {
+      float s0 = sm.X[i][col], s1 = 0.f;
+#pragma unroll
+      for (int jj = 0; jj < i; ++jj) {
+        if (jj & 1) s1 -= sm.A[i][jj] * x[jj];
+        else s0 -= sm.A[i][jj] * x[jj];
+      }
+      x[i] = s0 + s1;
+      dst[int64_t(i) * a.Hv * 128] = x[i];
+    }
+  }
+  // Qe, Kd, P, eL.
+  const float GL = sm.G[C - 1];
+  for (int x = tid; x < C * 32; x += kThreads) {
+    const int i = x / 32, c4 = x % 32;
+    const float e = sm.eG[i], kd = expf(GL - sm.G[i]);
+    float4 qv = *reinterpret_cast<const float4*>(&sm.q[i][4 * c4]);
+    float4 kv = *reinterpret_cast<const float4*>(&sm.k[i][4 * c4]);
+    qv.x *= e, qv.y *= e, qv.z *= e, qv.w *= e;
+    kv.x *= kd, kv.y *= kd, kv.z *= kd, kv.w *= kd;
+    const int64_t row = ((t0 + i) * a.Hv + j) * 128;
+    reinterpret_cast<float4*>(g.Qe + row)[c4] = qv;
+    reinterpret_cast<float4*>(g.Kd + row)[c4] = kv;
+  }
+  float* Pg = g.P + (ch * a.Hv + j) * C * C;
+  for (int x = tid; x < C * C; x += kThreads) Pg[x] = sm.P[x / C][x % C];
+  if (tid == 0) g.eL[ch * a.Hv + j] = expf(GL);
+}
+
+struct ScanSmem {
+  float W[C][DK];
+  float Qe[C][DK];
+  float Kd[C][DK];
+  float P[C][C];
+  float U[C][DVS];
+  float vp[C][DVS];
+  float S[DK][DVS];
+};
+
+__global__ void __launch_bounds__(kThreads) gdn_scan_kernel(const PrefillGdnArgs a) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  ScanSmem& sm = *reinterpret_cast<ScanSmem*>(smem_raw);
+  const int j = blockIdx.x, sl = blockIdx.y;
+  const int tid = threadIdx.x;
+  const GdnScratch g = gdn_scratch(a.scratch, a.T, a.Hv);
+  float* state = a.state + size_t(j) * DV * DK;  // [dv][dk]
   for (int i = tid; i < DK * DVS; i += kThreads) {
     const int c = i / DK, r = i % DK;
     sm.S[r][c] = state[size_t(sl * DVS + c) * DK + r];
   }
-
-  const int64_t nchunks = (a.T + C - 1) / C;
-  for (int64_t ch = 0; ch < nchunks; ++ch) {
+  const int c = tid & 31, i0 = (tid >> 5) * 8, r0 = (tid >> 5) * 16;
+  const int64_t nch = (a.T + C - 1) / C;
+  for (int64_t ch = 0; ch < nch; ++ch) {
     const int64_t t0 = ch * C;
-    // 1. Tokens: k, q L2-normalised (q scaled), v slice, beta, g.
-    for (int i = warp; i < C; i += kThreads / 32) {
-      const int64_t t = t0 + i;
-      if (t < a.T) {
-        const float* ut = a.u + t * a.ldu;
-        float4 kv = reinterpret_cast<const float4*>(ut + a.Hk * DK + hk * DK)[lane];
-        float4 qv = reinterpret_cast<const float4*>(ut + hk * DK)[lane];
-        const float kss = warp_sum(kv.x * kv.x + kv.y * kv.y + kv.z * kv.z + kv.w * kv.w);
-        const float qss = warp_sum(qv.x * qv.x + qv.y * qv.y + qv.z * qv.z + qv.w * qv.w);
-        const float ki = 1.f / sqrtf(kss + 1e-6f), qi = 1.f / sqrtf(qss + 1e-6f) * qscale;
-        kv.x *= ki, kv.y *= ki, kv.z *= ki, kv.w *= ki;
-        qv.x *= qi, qv.y *= qi, qv.z *= qi, qv.w *= qi;
-        *reinterpret_cast<float4*>(&sm.k[i][4 * lane]) = kv;
-        *reinterpret_cast<float4*>(&sm.q[i][4 * lane]) = qv;
-        sm.v[i][lane] = ut[2 * a.Hk * DK + j * 128 + sl * DVS + lane];
-        if (lane == 0) {
-          sm.beta[i] = sigmoid_f(a.b[t * a.ldb + j]);
-          sm.G[i] = -Aexp * softplus_f(a.a[t * a.lda + j] + dtb);
-        }
-      } else {
-        const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
-        *reinterpret_cast<float4*>(&sm.k[i][4 * lane]) = z;
-        *reinterpret_cast<float4*>(&sm.q[i][4 * lane]) = z;
-        sm.v[i][lane] = 0.f;
-        if (lane == 0) {
-          sm.beta[i] = 0.f;
-          sm.G[i] = 0.f;
-        }
-      }
+    // Stage the chunk's operands.
+    for (int x = tid; x < C * 32; x += kThreads) {
+      const int i = x / 32, c4 = x % 32;
+      const int64_t row = ((t0 + i) * a.Hv + j) * 128;
+      reinterpret_cast<float4*>(sm.W[i])[c4] = reinterpret_cast<const float4*>(g.W + row)[c4];
+      reinterpret_cast<float4*>(sm.Qe[i])[c4] = reinterpret_cast<const float4*>(g.Qe + row)[c4];
+      reinterpret_cast<float4*>(sm.Kd[i])[c4] = reinterpret_cast<const float4*>(g.Kd + row)[c4];
     }
-    __syncthreads();
-    // 2. Inclusive cumsum of g (sequential, as the reference), decay factors.
-    if (tid == 0) {
-      float acc = 0.f;
-      for (int i = 0; i < C; ++i) {
-        acc += sm.G[i];
-        sm.G[i] = acc;
-      }
-    }
-    __syncthreads();
-    if (tid < C) {
-      sm.eG[tid] = expf(sm.G[tid]);
-      sm.kdec[tid] = expf(sm.G[C - 1] - sm.G[tid]);
-    }
-    // 3. A, P (lower parts) and the right-hand sides.
     {
-      const int i = tid >> 2;
-      const float Gi = sm.G[i], bi = sm.beta[i];
-      const float4* ki = reinterpret_cast<const float4*>(sm.k[i]);
-      const float4* qi = reinterpret_cast<const float4*>(sm.q[i]);
-      for (int jj = 0; jj < C / 4; ++jj) {
-        const int jx = (tid & 3) + 4 * jj;
-        float av = 0.f, pv = 0.f;
-        if (jx <= i) {
-          const float4* kj = reinterpret_cast<const float4*>(sm.k[jx]);
-          float dkk = 0.f, dqk = 0.f;
-#pragma unroll 8
-          for (int r = 0; r < DK / 4; ++r) {
-            const float4 x = kj[r], y = ki[r], z = qi[r];
-            dkk += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
-            dqk += x.x * z.x + x.y * z.y + x.z * z.z + x.w * z.w;
-          }
-          const float d = expf(Gi - sm.G[jx]);
-          pv = dqk * d;
-          if (jx < i) av = bi * dkk * d;
-        }
-        sm.A[i][jx] = av;
-        sm.P[i][jx] = pv;
+      const float4* Pg = reinterpret_cast<const float4*>(g.P + (ch * a.Hv + j) * C * C);
+      for (int x = tid; x < C * C / 4; x += kThreads) reinterpret_cast<float4*>(&sm.P[0][0])[x] = Pg[x];
+      for (int x = tid; x < C * DVS / 4; x += kThreads) {
+        const int i = x / (DVS / 4), c4 = x % (DVS / 4);
+        reinterpret_cast<float4*>(sm.U[i])[c4] =
+            reinterpret_cast<const float4*>(g.U + ((t0 + i) * a.Hv + j) * 128 + sl * DVS)[c4];
       }
     }
+    const float eL = g.eL[ch * a.Hv + j];
     __syncthreads();
-    for (int x = tid; x < C * XW; x += kThreads) {
-      const int i = x / XW, c = x % XW;
-      sm.X[i][c] = c < DK ? sm.k[i][c] * sm.beta[i] * sm.eG[i] : sm.v[i][c - DK] * sm.beta[i];
-    }
-    __syncthreads();
-    // 4. Forward substitution: X_i -= sum_{j<i} A_ij X_j, one column per thread, in registers.
-    if (tid < XW) {
-      float x[C];
-#pragma unroll
-      for (int i = 0; i < C; ++i) {
-        float s0 = sm.X[i][tid], s1 = 0.f;
-#pragma unroll
-        for (int jj = 0; jj < i; ++jj) {
-          if (jj & 1) s1 -= sm.A[i][jj] * x[jj];
-          else s0 -= sm.A[i][jj] * x[jj];
-        }
-        x[i] = s0 + s1;
-        sm.X[i][tid] = x[i];
-      }
-    }
-    __syncthreads();
-    // 5. V' = U - W S (64 x 32): thread column c, rows i0..i0+7.
-    const int c = tid & 31, i0 = (tid >> 5) * 8;
+    // V' = U - W S (64 x 32): thread column c, rows i0..i0+7.
     {
       float acc[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = sm.X[i0 + e][DK + c];
-      for (int r = 0; r < DK; ++r) {
-        const float s = sm.S[r][c];
+      for (int e = 0; e < 8; ++e) acc[e] = sm.U[i0 + e][c];
+      for (int r = 0; r < DK; r += 4) {
+        const float s0 = sm.S[r][c], s1 = sm.S[r + 1][c], s2 = sm.S[r + 2][c], s3 = sm.S[r + 3][c];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] -= sm.X[i0 + e][r] * s;
+        for (int e = 0; e < 8; ++e) {
+          const float4 w = *reinterpret_cast<const float4*>(&sm.W[i0 + e][r]);
+          acc[e] -= w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
+        }
       }
 #pragma unroll
       for (int e = 0; e < 8; ++e) sm.vp[i0 + e][c] = acc[e];
     }
     __syncthreads();
-    // 6. O = exp(G) (q S) + P V'.
+    // O = Qe S + P V'.
     {
-      float acc[8], acc2[8];
+      float acc[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = acc2[e] = 0.f;
-      for (int r = 0; r < DK; ++r) {
-        const float s = sm.S[r][c];
+      for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+      for (int r = 0; r < DK; r += 4) {
+        const float s0 = sm.S[r][c], s1 = sm.S[r + 1][c], s2 = sm.S[r + 2][c], s3 = sm.S[r + 3][c];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] += sm.q[i0 + e][r] * s;
+        for (int e = 0; e < 8; ++e) {
+          const float4 q = *reinterpret_cast<const float4*>(&sm.Qe[i0 + e][r]);
+          acc[e] += q.x * s0 + q.y * s1 + q.z * s2 + q.w * s3;
+        }
       }
-      for (int jx = 0; jx < i0 + 8; ++jx) {
-        const float v = sm.vp[jx][c];
+      for (int jx = 0; jx < i0 + 8; jx += 4) {  // P is 0 above the diagonal
+        const float v0 = sm.vp[jx][c], v1 = sm.vp[jx + 1][c], v2 = sm.vp[jx + 2][c], v3 = sm.vp[jx + 3][c];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc2[e] += sm.P[i0 + e][jx] * v;  // P is 0 above the diagonal
+        for (int e = 0; e < 8; ++e) {
+          const float4 p = *reinterpret_cast<const float4*>(&sm.P[i0 + e][jx]);
+          acc[e] += p.x * v0 + p.y * v1 + p.z * v2 + p.w * v3;
+        }
       }
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const int64_t t = t0 + i0 + e;
-        if (t < a.T) a.o[t * (int64_t(a.Hv) * 128) + j * 128 + sl * DVS + c] = sm.eG[i0 + e] * acc[e] + acc2[e];
+        if (t < a.T) a.o[t * (int64_t(a.Hv) * DV) + j * DV + sl * DVS + c] = acc[e];
       }
     }
     __syncthreads();
-    // 7. S = exp(G_63) S + (k exp(G_63 - G))^T V': thread column c, rows r0..r0+15.
+    // S = eL S + Kd^T V': thread column c, rows r0..r0+15.
     {
-      const int r0 = (tid >> 5) * 16;
-      const float eL = sm.eG[C - 1];
       float acc[16];
 #pragma unroll
       for (int e = 0; e < 16; ++e) acc[e] = sm.S[r0 + e][c] * eL;
       for (int i = 0; i < C; ++i) {
-        const float v = sm.vp[i][c] * sm.kdec[i];
+        const float v = sm.vp[i][c];
 #pragma unroll
-        for (int e = 0; e < 16; ++e) acc[e] += sm.k[i][r0 + e] * v;
+        for (int e4 = 0; e4 < 4; ++e4) {
+          const float4 k = *reinterpret_cast<const float4*>(&sm.Kd[i][r0 + 4 * e4]);
+          acc[4 * e4] += k.x * v;
+          acc[4 * e4 + 1] += k.y * v;
+          acc[4 * e4 + 2] += k.z * v;
+          acc[4 * e4 + 3] += k.w * v;
+        }
       }
 #pragma unroll
       for (int e = 0; e < 16; ++e) sm.S[r0 + e][c] = acc[e];
@@ -202,8 +284,8 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_kernel(const PrefillGdnArg
     __syncthreads();
   }
   for (int i = tid; i < DK * DVS; i += kThreads) {
-    const int c = i / DK, r = i % DK;
-    state[size_t(sl * DVS + c) * DK + r] = sm.S[r][c];
+    const int cc = i / DK, r = i % DK;
+    state[size_t(sl * DVS + cc) * DK + r] = sm.S[r][cc];
   }
 }
 
@@ -236,17 +318,27 @@ std::once_flag g_gdn_once;
 
 }  // namespace
 
+size_t prefill_gdn_scratch_bytes(int64_t T, int Hv) {
+  const int64_t nch = (T + C - 1) / C;
+  return (size_t(nch) * C * Hv * 128 * 4 + size_t(nch) * Hv * C * C + size_t(nch) * Hv) * 4;
+}
+
 void prefill_gdn_init() {
   std::call_once(g_gdn_once, [] {
-    KCUDA(cudaFuncSetAttribute(gdn_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(sizeof(GdnSmem))));
+    KCUDA(cudaFuncSetAttribute(gdn_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(sizeof(PrepSmem))));
+    KCUDA(cudaFuncSetAttribute(gdn_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(sizeof(ScanSmem))));
   });
 }
 
 void prefill_gdn_launch(const PrefillGdnArgs& a, cudaStream_t s) {
   prefill_gdn_init();
-  gdn_chunk_kernel<<<dim3(unsigned(a.Hv), NSL), kThreads, sizeof(GdnSmem), s>>>(a);
-  KCUDA_LAUNCH("prefill_gdn");
+  const int64_t nch = (a.T + C - 1) / C;
+  gdn_prep_kernel<<<dim3(unsigned(nch), unsigned(a.Hv)), kThreads, sizeof(PrepSmem), s>>>(a);
+  KCUDA_LAUNCH("prefill_gdn prep");
+  gdn_scan_kernel<<<dim3(unsigned(a.Hv), NSL), kThreads, sizeof(ScanSmem), s>>>(a);
+  KCUDA_LAUNCH("prefill_gdn scan");
 }
 
 void prefill_conv_launch(const PrefillConvArgs& a, cudaStream_t s) {

@@ -238,6 +238,8 @@ void bench(const char* wname, DFmt F, int64_t T) {
     g.dt_bias = dtb->as<float>();
     g.state = S->as<float>();
     g.o = o->as<float>();
+    DevBuf gsc(prefill_gdn_scratch_bytes(T, 32));
+    g.scratch = gsc.as<float>();
     g.Hk = 16;
     g.Hv = 32;
     g.dk = 128;

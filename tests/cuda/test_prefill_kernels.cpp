@@ -482,6 +482,9 @@ void run_gdn(int64_t T, uint32_t seed) {
   a.dt_bias = ddt->as<float>();
   a.state = dS->as<float>();
   a.o = dout->as<float>();
+  DevBuf scratch(prefill_gdn_scratch_bytes(T, Hv));
+  KCUDA(cudaMemset(scratch.p, 0xff, scratch.n));  // poisoned: every chunk product must be written
+  a.scratch = scratch.as<float>();
   a.Hk = Hk;
   a.Hv = Hv;
   a.dk = dk;
