@@ -3,6 +3,7 @@
 #include "cli/commands.h"
 #include "core/check.h"
 #include "engine/engine.h"
+#include "quant/progress.h"
 #include "tokenizer/tokenizer.h"
 
 #include <algorithm>
@@ -69,11 +70,13 @@ void setup_generate(CLI::App& root) {
     bo.device = kestrel::parse_device(a->device);
     bo.load.quant = a->quant == "q4" ? kestrel::QuantMode::Q4 : kestrel::QuantMode::None;
     bo.threads = a->threads;
+    bo.load.progress = kestrel::quant::progress_bar("loading");
     const auto t_load = clock::now();
     auto be = kestrel::load_backend(a->model, bo);
     const double load_s = std::chrono::duration<double>(clock::now() - t_load).count();
     const auto& cfg = be->config();
-    std::fprintf(stderr, "loaded %s on %s in %.2f s\n", a->model.c_str(), be->name().c_str(), load_s);
+    std::fprintf(stderr, "loaded %s on %s in %.2f s, resident memory %.2f GB\n", a->model.c_str(),
+                 be->name().c_str(), load_s, double(kestrel::quant::resident_bytes()) / 1e9);
     const kestrel::SeqId seq = be->create_sequence(int64_t(prompt.size()) + a->max_tokens);
     // The embedding and lm_head are padded past the tokenizer's last id (248,077 of 248,320 in
     // the real model); those rows are never valid output, so greedy picks among real tokens only.

@@ -5,6 +5,7 @@
 #include "core/check.h"
 #include "core/loader.h"
 #include "core/safetensors.h"
+#include "quant/progress.h"
 #include "quant/quant.h"
 
 namespace kestrel {
@@ -141,8 +142,10 @@ struct HfLoader {
     Mat m = mat_from_tensor(t);
     // MLX recipe (mlx-lm quantize_model): a matrix whose input width is not a multiple of the
     // group stays unquantized; quant::recipe_bits returns 0 for it.
-    if (opts.quant == QuantMode::Q4 && quant::recipe_bits(bits, m.cols) != 0)
+    if (opts.quant == QuantMode::Q4 && quant::recipe_bits(bits, m.cols) != 0) {
       m = quant::quantize_matrix(m, bits, 64, w.owned);
+      quant::release_pages(t.data, t.nbytes);  // the bf16 source is no longer referenced
+    }
     progress(t.nbytes);
     return m;
   }
