@@ -17,6 +17,8 @@ struct Set {
   const Tokenizer& (*tok)();
 };
 
+void PrintTo(const Set& s, std::ostream* os) { *os << s.name; }
+
 class Parity : public ::testing::TestWithParam<Set> {};
 
 TEST_P(Parity, EncodeMatchesHfTokenizers) {

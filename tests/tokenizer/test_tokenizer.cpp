@@ -170,7 +170,8 @@ TEST(Tokenizer, MalformedTokenizerJsonIsAClearError) {
   EXPECT_EQ(Tokenizer::load(d)->eos_token_id(), 4002);
 }
 
-// 1 MB without spaces: one pre-token of 1 MB; the heap BPE keeps this O(n log n).
+// 1 MB without spaces: one pre-token of 1 MB; the heap BPE keeps this O(n log n)
+// (measured: 1 MB of 'a' 1.2 s, 1 MB of random letters 2.0 s, 128 KB 0.09 / 0.17 s).
 TEST(Tokenizer, LongInputsAreLinearish) {
   std::mt19937 rng(1);
   std::string letters(1 << 20, 'a');
@@ -181,7 +182,9 @@ TEST(Tokenizer, LongInputsAreLinearish) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto ids = qwen3().encode(s);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_LT(secs, 5.0);
+    // ~1-2 s on one idle core; a quadratic merge loop would take hours on 1 MB. Loose bound for
+    // loaded CI machines.
+    EXPECT_LT(secs, 30.0) << s.substr(0, 8);
     EXPECT_EQ(qwen3().decode(ids), s);
     EXPECT_LT(ids.size(), s.size());
   }
