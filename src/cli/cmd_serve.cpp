@@ -88,7 +88,11 @@ int run_serve(const ServeArgs& a) {
   so.read_timeout_s = a.read_timeout;
   HttpServer http(so);
   const int port = http.bind();
-  std::thread http_thread([&] { http.run(); });
+  std::atomic<bool> http_done{false};
+  std::thread http_thread([&] {
+    http.run();
+    http_done.store(true);
+  });
   std::printf("listening on http://%s:%d/v1\n", a.host.c_str(), port);
   std::fflush(stdout);
 
@@ -124,6 +128,16 @@ int run_serve(const ServeArgs& a) {
 
   auto stop_http = [&] {
     http.stop();
+    // httplib 0.11.4 lets idle keep-alive connections wait out their timeout after stop(); do not
+    // hold the exit for them: nothing is in flight any more at this point.
+    for (int i = 0; i < 100 && !http_done.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!http_done.load()) {
+      spdlog::info("stopped (idle keep-alive connections closed)");
+      spdlog::default_logger()->flush();
+      std::fflush(stdout);
+      std::fflush(stderr);
+      std::_Exit(0);
+    }
     if (http_thread.joinable()) http_thread.join();
   };
   int sig = 0;

@@ -80,6 +80,9 @@ class Responder {
       if (auto id = mi.tok->token_id(m)) keep_.push_back(*id);
   }
 
+  // A stream whose client went away is still counted and logged.
+  ~Responder() { record(); }
+
   // ---- streaming ----
   std::string sse_begin() {
     if (!pr_.chat) return {};
@@ -254,7 +257,11 @@ class Responder {
       metrics_.tpot(std::chrono::duration<double>(t_last_ - t_first_).count() / double(completion_tokens_ - 1));
     spdlog::info("{} prompt={} completion={} ttft={:.1f}ms finish={}", id_, pr_.prompt_tokens, completion_tokens_,
                  completion_tokens_ ? std::chrono::duration<double, std::milli>(t_first_ - t0_).count() : 0.0,
-                 gs_->end() == GenEnd::Error ? "error" : finish_reason());
+                 gs_->end() == GenEnd::Error         ? "error"
+                 : gs_->end() == GenEnd::Shutdown    ? "shutdown"
+                 : gs_->end() == GenEnd::Cancelled && !stopped_by_string_ ? "cancelled"
+                 : gs_->end() == GenEnd::None        ? "cancelled"
+                                                     : finish_reason());
   }
 
   std::string emit_text(std::string text, bool stream) {
@@ -553,7 +560,8 @@ void HttpServer::dispatch(const httplib::Request& req, httplib::Response& res) {
       std::string base = ct.substr(0, ct.find(';'));
       while (!base.empty() && base.back() == ' ') base.pop_back();
       if (!ct.empty() && base != "application/json")
-        throw ApiError(415, "invalid_request_error", "Content-Type must be application/json");
+        throw ApiError(415, "invalid_request_error",
+                       "Content-Type must be application/json (with curl: -H 'Content-Type: application/json')");
     }
     if (label == "chat") handle_generate(req, res, true);
     else if (label == "completions") handle_generate(req, res, false);
