@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -126,7 +127,7 @@ int run_serve(const ServeArgs& a) {
     kill(self, SIGUSR1);
   });
 
-  auto stop_http = [&] {
+  auto stop_http = [&](int exit_code) {
     http.stop();
     // httplib 0.11.4 lets idle keep-alive connections wait out their timeout after stop(); do not
     // hold the exit for them: nothing is in flight any more at this point.
@@ -136,7 +137,7 @@ int run_serve(const ServeArgs& a) {
       spdlog::default_logger()->flush();
       std::fflush(stdout);
       std::fflush(stderr);
-      std::_Exit(0);
+      std::_Exit(exit_code);
     }
     if (http_thread.joinable()) http_thread.join();
   };
@@ -150,15 +151,22 @@ int run_serve(const ServeArgs& a) {
   }
   loader.join();
   if (!loaded.load()) {
-    stop_http();
-    KESTREL_FAIL("cannot load the model from '{}': {}", a.model, load_error);
+    std::fprintf(stderr, "error: cannot load the model from '%s': %s\n", a.model.c_str(), load_error.c_str());
+    stop_http(1);
+    return 1;
   }
 
   const ModelConfig& cfg = backend->config();
   ModelInfo mi;
   mi.tok = tok.get();
   mi.vocab = cfg.vocab_size;
-  mi.ctx = a.ctx > 0 ? a.ctx : cfg.max_position_embeddings;
+  // Each sequence's state is allocated up front for its whole budget, so the default context is the
+  // model's, capped at 32768 (Qwen's recommended output budget); --ctx raises it.
+  constexpr int64_t kDefaultCtxCap = 32768;
+  mi.ctx = a.ctx > 0 ? a.ctx : std::min<int64_t>(cfg.max_position_embeddings, kDefaultCtxCap);
+  if (a.ctx == 0 && cfg.max_position_embeddings > kDefaultCtxCap)
+    spdlog::info("context {} tokens per request (the model allows {}; raise with --ctx)", mi.ctx,
+                 cfg.max_position_embeddings);
   KESTREL_CHECK(mi.ctx > 0, "the model config has no max_position_embeddings; pass --ctx");
   if (cfg.max_position_embeddings > 0 && mi.ctx > cfg.max_position_embeddings)
     spdlog::warn("--ctx {} exceeds the model's max_position_embeddings {}", mi.ctx, cfg.max_position_embeddings);
@@ -196,7 +204,7 @@ int run_serve(const ServeArgs& a) {
   }
   sched->shutdown();  // remaining streams end with a server_shutdown error event
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  stop_http();
+  stop_http(0);
   spdlog::info("stopped");
   return 0;
 }
@@ -209,7 +217,7 @@ void setup_serve(CLI::App& root) {
   c->add_option("--port", a->port, "Port (0 = any free port)");
   c->add_option("--device", a->device, "cpu | cuda");
   c->add_option("--api-key", a->api_key, "Require this key (Authorization: Bearer or x-api-key)")->envname("KESTREL_API_KEY");
-  c->add_option("-c,--ctx", a->ctx, "Context length (0 = the model's max_position_embeddings)");
+  c->add_option("-c,--ctx", a->ctx, "Context length per request (0 = the model's max_position_embeddings, at most 32768)");
   c->add_option("--max-queue", a->max_queue, "Requests that may wait for a slot; more get 429");
   c->add_option("--parallel", a->parallel, "Sequences generated together");
   c->add_option("--served-model-name", a->served_name, "Model id reported and accepted (default: directory name)");
