@@ -165,7 +165,13 @@ __global__ void __launch_bounds__(kThreads, A16 ? 2 : 1) gemm_kernel(const Prefi
   uint4 areg[AR];  // fp32 A: a float4's bits
   BStage<F> breg;
   constexpr size_t a_tile_bytes = A16 ? BK * 2 : BK * 4;
+  // W streams from HBM (experts, large projections): ask L2 for the tile kPrefetch ahead, so the
+  // register loads of the next tile wait on L2 rather than on DRAM.
+  constexpr int kPrefetch = 3;
+  constexpr int w_tile_bytes = F == DFmt::BF16 ? 128 : F == DFmt::Q8 ? 64 : 32;
   auto load_tile = [&](int kt) {
+    if (bvalid && bh == 0 && kt + kPrefetch < KT)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(wrow + size_t(kt + kPrefetch) * w_tile_bytes));
 #pragma unroll
     for (int i = 0; i < AR; ++i)
       areg[i] = arow[i] ? __ldg(reinterpret_cast<const uint4*>(arow[i] + size_t(kt) * a_tile_bytes))

@@ -24,6 +24,12 @@ rc=0
 timeout 170 "$BIN/test_cuda" --gtest_filter='Prefill*:-PrefillBench*' 2>&1 | tee "$OUTD/prefill_tests.log" || rc=1
 KESTREL_PREFILL_BENCH_DIR="$OUTD" timeout 100 "$BIN/test_cuda" --gtest_filter='PrefillBench*' 2>&1 \
   | tee "$OUTD/prefill_bench.log" | grep -v '^\[ ' || rc=1
+# Memory checker over the correctness tests (bounded; reported, it does not gate the run).
+if command -v compute-sanitizer > /dev/null; then
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/test_cuda" \
+    --gtest_filter='Prefill*:-PrefillBench*' > "$OUTD/prefill_memcheck.log" 2>&1
+  echo "memcheck exit code $? (0 clean, 9 errors, 124 time limit)" | tee -a "$OUTD/prefill_memcheck.log"
+fi
 echo "---- summary"
 grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUTD/prefill_tests.log" || true
 grep -E 'prefill bench|total|stage|moe routed' "$OUTD/prefill_bench.log" || true
