@@ -670,9 +670,10 @@ void HttpServer::handle_generate(const httplib::Request& req, httplib::Response&
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   auto started = std::make_shared<bool>(false);
+  auto last_write = std::make_shared<Clock::time_point>(Clock::now());
   res.set_chunked_content_provider(
       "text/event-stream",
-      [pr, gs, resp, started](size_t, httplib::DataSink& sink) {
+      [pr, gs, resp, started, last_write](size_t, httplib::DataSink& sink) {
         std::string out;
         if (!*started) {
           *started = true;
@@ -682,6 +683,9 @@ void HttpServer::handle_generate(const httplib::Request& req, httplib::Response&
         bool done = gs->wait(evs, std::chrono::milliseconds(out.empty() ? 20 : 0));
         out += resp->sse_events(evs);
         if (done) out += resp->sse_finish();
+        // An SSE comment every 15 s keeps proxies and clients from timing out during a long prefill.
+        if (out.empty() && Clock::now() - *last_write > std::chrono::seconds(15)) out = ": keep-alive\n\n";
+        if (!out.empty()) *last_write = Clock::now();
         // A client that went away cancels its generation (checked at least every 20 ms).
         if (!sink.is_writable() || (!out.empty() && !sink.write(out.data(), out.size()))) {
           resp->cancel();
