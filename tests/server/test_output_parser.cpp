@@ -357,3 +357,37 @@ TEST(ConvertParam, Table) {
   EXPECT_EQ(convert_param_value("\"{\\\"a\\\": 1}\"", &s_obj), json::parse(R"({"a":1})"));  // double-encoded
   EXPECT_EQ(convert_param_value("not json", &s_obj), "not json");
 }
+
+TEST(OutputParser, RandomOutputsAnyChunkingSameResultValidJson) {
+  // reliability-plan T20: many generated outputs (valid, missing closers, stray tags, JSON values,
+  // interleaved think markers), each whole and in random chunkings.
+  const std::vector<std::string> frags = {
+      "<tool_call>", "</tool_call>", "<function=get_weather>", "<function=search>", "</function>", "<parameter=city>",
+      "<parameter=days>", "<parameter=opts>", "<parameter=q>", "</parameter>", "<think>", "</think>", "\n", "\n\n", " ",
+      "Paris", "42", "true", "{\"a\": [1, 2]}", "text", "é", "你好", "😀", "<", ">", "=", "</", "<tool_", "<param",
+      "\"quoted\"", "back\\slash", "None"};
+  std::mt19937 rng(12345);
+  int with_calls = 0;
+  for (int t = 0; t < 600; ++t) {
+    std::string text;
+    const int n = 1 + int(rng() % 24);
+    for (int i = 0; i < n; ++i) text += frags[rng() % frags.size()];
+    if (t % 3 == 0) text = "<tool_call>\n<function=get_weather>\n<parameter=city>\n" + text;  // bias towards calls
+    for (bool reasoning : {false, true}) {
+      Result whole = run(text, opts(reasoning));
+      for (int k = 0; k < 5; ++k) {
+        std::vector<size_t> cuts;
+        for (size_t i = 1; i < text.size(); ++i)
+          if (rng() % 3 == 0 && (static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) cuts.push_back(i);
+        ASSERT_TRUE(run(text, opts(reasoning), cuts) == whole) << "chunking differs for: " << text;
+      }
+      for (const auto& c : whole.calls) {
+        json a;
+        ASSERT_NO_THROW(a = json::parse(c.args)) << text << "\nargs: " << c.args;
+        ASSERT_TRUE(a.is_object()) << c.args;
+      }
+      with_calls += !whole.calls.empty();
+    }
+  }
+  EXPECT_GT(with_calls, 300);
+}
