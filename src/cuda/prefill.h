@@ -272,6 +272,10 @@ inline void moe_prefill(const MoePrefillWeights& w, const float* h, int64_t T,
                 "moe_prefill: T {} E {} topk {} hidden {} I {} Is {}", T, w.E, w.topk, w.hidden, w.I,
                 w.Is);
   KESTREL_CHECK(h && out, "moe_prefill: null input/output");
+  auto al16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  KESTREL_CHECK(al16(h) && al16(out) && al16(sc.h16) && al16(sc.act) && al16(sc.slot_out) &&
+                    (!sc.sact || al16(sc.sact)) && (!sc.shared || al16(sc.shared)),
+                "moe_prefill: h, out and the scratch buffers must be 16-byte aligned");
   prefill_check_mat(w.router, w.E, w.hidden, "moe_prefill router");
   prefill_check_mat(w.gate, w.E * w.I, w.hidden, "moe_prefill gate");
   prefill_check_mat(w.up, w.E * w.I, w.hidden, "moe_prefill up");
@@ -342,6 +346,9 @@ inline void prefill_attn(const PrefillAttnArgs& a, cudaStream_t s) {
                 a.capacity);
   KESTREL_CHECK(a.qg && a.k && a.v && a.q_norm && a.k_norm && a.qbuf && a.kcache && a.vcache && a.out,
                 "prefill_attn: null buffer");
+  auto al = [](const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; };
+  KESTREL_CHECK(al(a.qbuf, 16) && al(a.kcache, 16) && al(a.vcache, 16) && al(a.out, 8),
+                "prefill_attn: qbuf/kcache/vcache need 16-byte, out 8-byte alignment");
   prefill_attn_prep_launch(a, s);
   prefill_attn_launch(a, s);
 }
