@@ -16,7 +16,7 @@ namespace kestrel {
 
 class Checkpoint;
 
-// Storage format of a weight matrix. Affine formats (MLX layout, see quant/format.h):
+// Storage format of a weight matrix. Affine formats (MLX layout, see quant/quant.h):
 //   w[n, j] = scale[n, j/group] * q[n, j] + bias[n, j/group]; q packed little-endian in u32 words.
 enum class WFormat : uint8_t { BF16, F16, F32, Q4, Q8 };
 const char* wformat_name(WFormat f);
