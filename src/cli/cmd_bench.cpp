@@ -40,6 +40,7 @@ struct BenchOpts {
   std::string out_dir = "bench/results";
   uint64_t seed = 1;
   std::string pdl = "both";  // programmatic dependent launch: on | off | both
+  std::string gemv = "1";    // GEMV route for M = 1: 1 | 2 | both
 };
 
 constexpr double kBandwidth = 4.0e12;  // measured H200 ceiling (performance.md §0.1), bytes/s
@@ -124,15 +125,28 @@ void run_bench(const BenchOpts& o) {
                double(cuda::weight_bytes(*b)) / 1e9, gpu.c_str(), build_s);
 
   KESTREL_CHECK(o.pdl == "on" || o.pdl == "off" || o.pdl == "both", "--pdl {} (on, off or both)", o.pdl);
+  KESTREL_CHECK(o.gemv == "1" || o.gemv == "2" || o.gemv == "both", "--gemv {} (1, 2 or both)", o.gemv);
+  std::vector<int> gemv_modes;
+  if (o.gemv != "2") gemv_modes.push_back(1);
+  if (o.gemv != "1") gemv_modes.push_back(2);
   std::vector<bool> pdl_modes;
   if (o.pdl != "on") pdl_modes.push_back(false);
   if (o.pdl != "off") pdl_modes.push_back(true);
   nlohmann::json records = nlohmann::json::array();
-  std::printf("%-8s %4s %9s %10s %10s %11s %10s %8s\n", "weights", "pdl", "context", "step_ms",
-              "tok/s", "GB/s", "floor", "of floor");
+  std::printf("%-8s %4s %4s %9s %10s %10s %11s %10s %8s\n", "weights", "gemv", "pdl", "context",
+              "step_ms", "tok/s", "GB/s", "floor", "of floor");
+  struct Mode {
+    int gemv;
+    bool pdl;
+  };
+  std::vector<Mode> modes;
+  for (int g : gemv_modes)
+    for (bool p : pdl_modes) modes.push_back({g, p});
   for (int64_t ctx : contexts)
-  for (bool pdl : pdl_modes) {
-    cuda::set_pdl_enabled(pdl);  // read when the sequence's graph is captured
+  for (const Mode& md : modes) {
+    const bool pdl = md.pdl;
+    cuda::set_pdl_enabled(pdl);  // both read when the sequence's graph is captured
+    cuda::set_gemv_version(md.gemv);
     const SeqId s = b->create_sequence(std::max<int64_t>(ctx + o.warmup + o.steps + 1, 64));
     if (ctx > 0) cuda::set_synthetic_context(*b, s, ctx, o.seed + uint64_t(ctx));
     auto t = cuda::time_decode_steps(*b, s, 1, o.warmup, o.steps);
@@ -140,8 +154,8 @@ void run_bench(const BenchOpts& o) {
     const double med = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
     const double bytes = cuda::decode_step_bytes(*b, ctx);
     const double tps = 1.0 / med, gbs = bytes / med / 1e9, floor = kBandwidth / bytes;
-    std::printf("%-8s %4s %9lld %10.4f %10.1f %11.1f %10.1f %7.1f%%\n", weights.c_str(),
-                pdl ? "on" : "off", (long long)ctx,
+    std::printf("%-8s %4d %4s %9lld %10.4f %10.1f %11.1f %10.1f %7.1f%%\n", weights.c_str(),
+                md.gemv, pdl ? "on" : "off", (long long)ctx,
                 med * 1e3, tps, gbs, floor, 100.0 * tps / floor);
     std::fflush(stdout);
     records.push_back({{"kind", "decode"},
@@ -159,6 +173,7 @@ void run_bench(const BenchOpts& o) {
                        {"fraction_of_floor", tps / floor},
                        {"layers", b->config().num_layers},
                        {"pdl", pdl},
+                       {"gemv_route", md.gemv},
                        {"gpu", gpu},
                        {"git_sha", sha},
                        {"date", date}});
@@ -188,6 +203,7 @@ void setup_bench(CLI::App& root) {
   c->add_option("--out", o->out_dir, "Output directory");
   c->add_option("--seed", o->seed, "Synthetic weights seed");
   c->add_option("--pdl", o->pdl, "Programmatic dependent launch: on, off or both (one record each)");
+  c->add_option("--gemv", o->gemv, "GEMV route for M = 1: 1, 2 or both (one record each)");
   c->callback([o] { run_bench(*o); });
 }
 

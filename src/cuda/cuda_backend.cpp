@@ -514,8 +514,15 @@ class CudaBackend final : public Backend {
 
   // ---- greedy fast path
   std::vector<int32_t> greedy(SeqId id, int32_t first, int max_new,
-                              const std::function<bool(int32_t)>& on_token) {
+                              const std::function<bool(int32_t)>& on_token, int32_t vocab_limit) {
     Seq& sq = get(id);
+    KESTREL_CHECK(vocab_limit >= 0 && vocab_limit <= m_->cfg.vocab_size, "greedy: vocab limit {} of {}",
+                  vocab_limit, m_->cfg.vocab_size);
+    if (vocab_limit != sq.vocab_limit && sq.graph) {  // the limit is part of the captured graph
+      cudaGraphExecDestroy(sq.graph);
+      sq.graph = nullptr;
+    }
+    sq.vocab_limit = vocab_limit;
     KESTREL_CHECK(first >= 0 && first < m_->cfg.vocab_size, "greedy: token {} outside vocabulary", first);
     KESTREL_CHECK(max_new >= 0 && sq.length + max_new <= sq.capacity,
                   "greedy: {} new tokens exceed the capacity of sequence {} ({} of {} used)", max_new,
@@ -635,6 +642,7 @@ class CudaBackend final : public Backend {
     std::vector<float*> rec;       // per layer (GDN): fp32 [Hv, dv, dk]
     std::vector<uint16_t*> kc, vc;  // per layer (attention): bf16 [capacity, kv_heads, head_dim]
     int nsplit = 1;
+    int32_t vocab_limit = 0;                // argmax over ids < this (0 = all) in the greedy graph
     cudaGraphExec_t graph = nullptr;        // greedy step
     cudaGraphExec_t graph_plain = nullptr;  // step with a host-given token
   };
@@ -739,7 +747,7 @@ class CudaBackend final : public Backend {
     g.norm_w = m_->final_norm;
     g.eps = c.rms_norm_eps;
     g.seg[0] = GemvSeg{m_->lm_head, Epilogue::Logits, sc_.logits, c.vocab_size, nullptr, nullptr,
-                       greedy ? sc_.argmax : nullptr};
+                       greedy ? sc_.argmax : nullptr, greedy ? sq.vocab_limit : 0};
     g.nseg = 1;
     gemv(g, s_);
   }
@@ -938,8 +946,9 @@ bool gpu_available(std::string* why) {
 }
 
 std::vector<int32_t> greedy_decode(Backend& b, SeqId seq, int32_t first, int max_new,
-                                   const std::function<bool(int32_t)>& on_token) {
-  return as_cuda(b).greedy(seq, first, max_new, on_token);
+                                   const std::function<bool(int32_t)>& on_token,
+                                   int32_t vocab_limit) {
+  return as_cuda(b).greedy(seq, first, max_new, on_token, vocab_limit);
 }
 
 std::unique_ptr<Backend> make_synthetic_backend(const ModelConfig& cfg, const std::string& kind,

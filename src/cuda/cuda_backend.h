@@ -25,9 +25,12 @@ bool gpu_available(std::string* why = nullptr);
 // replay (captured per sequence on first use). on_token (may be empty) receives each generated
 // token; returning false stops. Steps are pipelined one deep, so on an early stop the stopping
 // token has also been appended to the sequence (sequence_length() says so). Returns the
-// generated tokens. Throws if `b` is not a CUDA backend or the capacity would be exceeded.
+// generated tokens. vocab_limit > 0 restricts the argmax to ids < vocab_limit (the lm_head rows
+// past the tokenizer's vocabulary are padding). Throws if `b` is not a CUDA backend or the
+// capacity would be exceeded.
 std::vector<int32_t> greedy_decode(Backend& b, SeqId seq, int32_t first, int max_new,
-                                   const std::function<bool(int32_t)>& on_token = {});
+                                   const std::function<bool(int32_t)>& on_token = {},
+                                   int32_t vocab_limit = 0);
 
 // Synthetic full-size model: deterministic random weights at the config's shapes built directly
 // on the GPU (std ~0.02, finite scales). kind: "q4" (MLX-style mix: 4-bit everywhere, 8-bit router

@@ -23,6 +23,12 @@ int num_sms();  // multiprocessors of the current device (cached)
 bool pdl_enabled();
 void set_pdl_enabled(bool on);
 
+// GEMV route for M = 1 with one weight format per launch: 1 = one row per warp (measured default),
+// 2 = several rows per warp with the first weight loads issued before the activation staging
+// (KESTREL_GEMV=2 selects it). Read when kernels are launched or captured.
+int gemv_version();
+void set_gemv_version(int v);
+
 // Device weight formats (the subset of kestrel::WFormat the kernels read; kept separate so .cu
 // files need no core headers).
 enum class DFmt : uint8_t { BF16, Q4, Q8 };
@@ -67,6 +73,7 @@ struct GemvSeg {
   float* conv_state = nullptr;     // ConvSilu: fp32 [w.rows, 3]
   const float* conv_w = nullptr;   // ConvSilu: fp32 [w.rows, 4], tap 3 = current token
   unsigned long long* argmax = nullptr;  // Logits: [M] packed (value, index); may be null
+  int64_t argmax_rows = 0;  // Logits: rows >= this are left out of the argmax (0 = all rows)
 };
 
 struct GemvArgs {

@@ -27,9 +27,21 @@ int& pdl_flag() {
   }();
   return f;
 }
+int& gemv_flag() {
+  static int f = [] {
+    const char* e = std::getenv("KESTREL_GEMV");
+    return (e && std::string(e) == "2") ? 2 : 1;
+  }();
+  return f;
+}
 }  // namespace
 bool pdl_enabled() { return pdl_flag() != 0; }
 void set_pdl_enabled(bool on) { pdl_flag() = on ? 1 : 0; }
+int gemv_version() { return gemv_flag(); }
+void set_gemv_version(int v) {
+  KESTREL_CHECK(v == 1 || v == 2, "GEMV version {} (1 or 2)", v);
+  gemv_flag() = v;
+}
 
 int num_sms() {
   static int n = [] {

@@ -52,8 +52,23 @@ void run_gemv(const GemvCase& c, uint32_t seed) {
   expect_close(to_host<float>(*dxo, xn.size()), xn, 1e-6f, 1e-5f, what + " x_out");
 }
 
+// Runs the body once per GEMV route (v1 one row per warp, v2 rows in flight; M = 1 takes v2 when
+// selected), restoring v1.
+struct GemvRoutes {
+  template <class F>
+  static void each(F&& f) {
+    for (int v : {1, 2}) {
+      set_gemv_version(v);
+      SCOPED_TRACE("gemv route v" + std::to_string(v));
+      f();
+    }
+    set_gemv_version(1);
+  }
+};
+
 TEST(CudaGemv, MatchesCpuAllFormatsAndRowCounts) {
   REQUIRE_GPU();
+  GemvRoutes::each([] {
   uint32_t seed = 1;
   for (WFormat f : {WFormat::BF16, WFormat::Q4, WFormat::Q8})
     for (int64_t K : {2048, 4096})
@@ -63,6 +78,10 @@ TEST(CudaGemv, MatchesCpuAllFormatsAndRowCounts) {
   run_gemv({WFormat::BF16, 512, 777, 3, Prologue::RmsNorm}, seed++);
   run_gemv({WFormat::Q4, 2048, 12352, 1, Prologue::RmsNorm}, seed++);  // GDN in_proj rows
   run_gemv({WFormat::Q8, 2048, 257, 1, Prologue::RmsNorm}, seed++);    // router + 1
+  run_gemv({WFormat::Q8, 4096, 300, 1, Prologue::None}, seed++);
+  run_gemv({WFormat::Q4, 4096, 2048, 1, Prologue::None}, seed++);      // out_proj / o_proj
+  run_gemv({WFormat::BF16, 4096, 2049, 1, Prologue::None}, seed++);
+  });
 }
 
 TEST(CudaGemv, RejectsBadShapes) {
@@ -91,6 +110,7 @@ TEST(CudaGemv, RejectsBadShapes) {
 // b (BF16), a (Q8); then the gated-norm prologue with a residual epilogue.
 TEST(CudaGemv, FusedSegmentsConvResidualGatedNorm) {
   REQUIRE_GPU();
+  GemvRoutes::each([] {
   for (int M : {1, 3, 8}) {
     std::mt19937 g(100 + M);
     const int64_t K = 2048, C = 8192, Z = 4096, B = 32;
@@ -156,11 +176,13 @@ TEST(CudaGemv, FusedSegmentsConvResidualGatedNorm) {
     gemv(go, nullptr);
     EXPECT_LT(rel_err(to_host<float>(*dr, want.size()), want, (w + " out_proj").c_str()), 2e-5);
   }
+  });
 }
 
 // lm_head at the real vocabulary (+3, odd) with the fused argmax.
 TEST(CudaGemv, LogitsArgmaxAtRealVocab) {
   REQUIRE_GPU();
+  GemvRoutes::each([] {
   for (int M : {1, 2}) {
     std::mt19937 g(7 + M);
     const int64_t K = 2048, N = 248323;
@@ -191,6 +213,7 @@ TEST(CudaGemv, LogitsArgmaxAtRealVocab) {
       EXPECT_EQ(unpack_argmax_host(keys[size_t(m)]), best) << "row " << m;
     }
   }
+  });
 }
 
 // ---------------------------------------------------------------- GDN
