@@ -45,14 +45,14 @@ struct BenchOpts {
 
 constexpr double kBandwidth = 4.0e12;  // measured H200 ceiling (performance.md §0.1), bytes/s
 
-std::string utc_now() {
+[[maybe_unused]] std::string utc_now() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
   return buf;
 }
 
-std::string git_sha() {
+[[maybe_unused]] std::string git_sha() {
   if (const char* e = std::getenv("KESTREL_GIT_SHA"); e && *e) return e;
   std::string s;
   if (FILE* p = popen("git rev-parse HEAD 2>/dev/null", "r")) {
@@ -64,7 +64,7 @@ std::string git_sha() {
   return s.empty() ? "unknown" : s;
 }
 
-std::vector<int64_t> parse_list(const std::string& s) {
+[[maybe_unused]] std::vector<int64_t> parse_list(const std::string& s) {
   std::vector<int64_t> v;
   std::stringstream ss(s);
   std::string item;

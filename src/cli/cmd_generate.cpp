@@ -5,6 +5,9 @@
 #include "engine/engine.h"
 #include "quant/progress.h"
 #include "tokenizer/tokenizer.h"
+#if defined(KESTREL_HAS_CUDA)
+#include "cuda/cuda_backend.h"
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -98,7 +101,20 @@ void setup_generate(CLI::App& root) {
       return std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), t) != cfg.eos_token_ids.end();
     };
     if (sd) std::fputs(sd->push(out.back()).c_str(), stdout), std::fflush(stdout);
-    while (int(out.size()) < a->max_tokens && (a->ignore_eos || !is_eos(out.back()))) {
+    // On CUDA the decode loop runs on the GPU: argmax there, the token stays there, one CUDA-graph
+    // replay per token; the host reads each token one step behind.
+    const bool gpu_greedy = be->name() == "cuda";
+#if defined(KESTREL_HAS_CUDA)
+    if (gpu_greedy && int(out.size()) < a->max_tokens && (a->ignore_eos || !is_eos(out.back())))
+      kestrel::cuda::greedy_decode(*be, seq, out.back(), a->max_tokens - int(out.size()),
+                                   [&](int32_t t) {
+                                     out.push_back(t);
+                                     if (sd) std::fputs(sd->push(t).c_str(), stdout), std::fflush(stdout);
+                                     return a->ignore_eos || !is_eos(t);
+                                   },
+                                   n_real);
+#endif
+    while (!gpu_greedy && int(out.size()) < a->max_tokens && (a->ignore_eos || !is_eos(out.back()))) {
       const int32_t t = out.back();
       kestrel::StepRequest r{seq, {&t, 1}, false};
       be->step({&r, 1}, {&res, 1});
