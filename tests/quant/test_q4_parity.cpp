@@ -5,6 +5,8 @@
 // every prompt position and every greedy decode step within 1e-4 relative.
 #include "quant_test_util.h"
 
+#include "../common/reference_parity.h"
+
 #include "cpu/cpu_backend.h"
 #include "engine/engine.h"
 
@@ -17,70 +19,11 @@ using namespace qtest;
 
 fs::path mlx4_ref() { return fixtures() / "tiny-mlx4" / "reference.safetensors"; }
 
-struct Reference {
-  std::vector<int32_t> prompt, greedy;
-  std::vector<float> prompt_logits, decode_logits;
-};
-
-template <class T>
-std::vector<T> read_vec(const SafetensorsFile& f, const std::string& name) {
-  const auto& t = f.tensors().at(name);
-  std::vector<T> v(t.nbytes / sizeof(T));
-  std::memcpy(v.data(), t.data, t.nbytes);
-  return v;
-}
-
-double rel_err(const float* a, const float* b, int64_t n) {
-  double md = 0, mr = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    md = std::max(md, std::abs(double(a[i]) - b[i]));
-    mr = std::max(mr, std::abs(double(b[i])));
-  }
-  return md / mr;
-}
-
-int64_t argmax(const float* x, int64_t n) { return std::max_element(x, x + n) - x; }
-
-struct Result {
-  double prompt_worst = 0, decode_worst = 0;
-  int greedy_mismatches = 0;
-};
+using Result = testing::ParityResult;
 
 // Runs the reference prompt and the reference greedy tokens through `be`; compares with `tol`.
 Result run_parity(Backend* be, const std::string& label, double tol) {
-  const fs::path ref_path = mlx4_ref();
-  SafetensorsFile f(ref_path);
-  const Reference ref{read_vec<int32_t>(f, "prompt_ids"), read_vec<int32_t>(f, "greedy_tokens"),
-                      read_vec<float>(f, "prompt_logits"), read_vec<float>(f, "decode_logits")};
-  const int64_t V = be->config().vocab_size, T = int64_t(ref.prompt.size());
-  EXPECT_EQ(int64_t(ref.prompt_logits.size()), T * V);
-  const SeqId s = be->create_sequence(T + int64_t(ref.greedy.size()) + 1);
-  StepRequest req{s, ref.prompt, true};
-  StepResult res;
-  be->step({&req, 1}, {&res, 1});
-  Result r;
-  for (int64_t t = 0; t < T; ++t) {
-    const double e = rel_err(res.logits.data() + t * V, ref.prompt_logits.data() + t * V, V);
-    r.prompt_worst = std::max(r.prompt_worst, e);
-    EXPECT_LE(e, tol) << label << " prompt position " << t;
-  }
-  r.greedy_mismatches += argmax(res.logits.data() + (T - 1) * V, V) != ref.greedy[0];
-  const int64_t S = int64_t(ref.decode_logits.size()) / V;
-  for (int64_t i = 0; i < S; ++i) {
-    const int32_t tok = ref.greedy[size_t(i)];
-    StepRequest q{s, {&tok, 1}, false};
-    StepResult o;
-    be->step({&q, 1}, {&o, 1});
-    const double e = rel_err(o.logits.data(), ref.decode_logits.data() + i * V, V);
-    r.decode_worst = std::max(r.decode_worst, e);
-    EXPECT_LE(e, tol) << label << " decode step " << i;
-    r.greedy_mismatches += argmax(o.logits.data(), V) != ref.greedy[size_t(i + 1)];
-  }
-  std::printf("[q4 parity] %s: %lld prompt positions max rel err %.3e; %lld decode steps max rel "
-              "err %.3e; greedy mismatches %d\n",
-              label.c_str(), (long long)T, r.prompt_worst, (long long)S, r.decode_worst,
-              r.greedy_mismatches);
-  return r;
+  return testing::run_reference_parity(*be, mlx4_ref(), label, tol);
 }
 
 TEST(Q4Parity, MlxCheckpointMatchesTransformersOnDequantisedWeights) {
@@ -150,14 +93,14 @@ TEST(Q4Parity, Q8ModelOnCpuEqualsItsDequantisedWeights) {
   a.step({&ra, 1}, {&oa, 1});
   b.step({&rb, 1}, {&ob, 1});
   ASSERT_EQ(oa.logits.size(), ob.logits.size());
-  const double e = rel_err(oa.logits.data(), ob.logits.data(), int64_t(oa.logits.size()));
+  const double e = testing::logits_rel_err(oa.logits.data(), ob.logits.data(), int64_t(oa.logits.size()));
   EXPECT_LE(e, 1e-6);
   for (int s = 0; s < 8; ++s) {
-    const int32_t t = int32_t(argmax(oa.logits.data() + (oa.n_rows - 1) * 4096, 4096));
+    const int32_t t = int32_t(testing::argmax_of(oa.logits.data() + (oa.n_rows - 1) * 4096, 4096));
     StepRequest da{sa, {&t, 1}, false}, db{sb, {&t, 1}, false};
     a.step({&da, 1}, {&oa, 1});
     b.step({&db, 1}, {&ob, 1});
-    EXPECT_LE(rel_err(oa.logits.data(), ob.logits.data(), 4096), 1e-6) << "decode step " << s;
+    EXPECT_LE(testing::logits_rel_err(oa.logits.data(), ob.logits.data(), 4096), 1e-6) << "decode step " << s;
   }
   std::printf("[q8] %zu Q8 matrices: CPU on-the-fly dequantisation vs dequantised fp32 weights, prompt "
               "max rel diff %.2e\n", n_q8, e);
