@@ -718,9 +718,22 @@ class CudaBackend final : public Backend {
     for (auto& e : ring_ev_) KCUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
 
+  // A single-row GEMV over the residual stream x with the RMSNorm (weight norm_w) fused in front:
+  // the shape every layer's input projections, the MoE router/shared expert and lm_head share.
+  GemvArgs normed_gemv(const float* norm_w) const {
+    GemvArgs g;
+    g.M = 1;
+    g.K = m_->cfg.hidden_size;
+    g.x = sc_.x;
+    g.ldx = g.K;
+    g.pro = Prologue::RmsNorm;
+    g.norm_w = norm_w;
+    g.eps = m_->cfg.rms_norm_eps;
+    return g;
+  }
+
   void enqueue_step(Seq& sq, bool greedy) {
     const auto& c = m_->cfg;
-    const int64_t H = c.hidden_size;
     StepBeginArgs sb;
     sb.argmax = greedy ? sc_.argmax : nullptr;
     sb.token = sq.d_token;
@@ -738,14 +751,7 @@ class CudaBackend final : public Backend {
         attn_branch(d, sq, l);
       moe_branch(d);
     }
-    GemvArgs g;
-    g.M = 1;
-    g.K = H;
-    g.x = sc_.x;
-    g.ldx = H;
-    g.pro = Prologue::RmsNorm;
-    g.norm_w = m_->final_norm;
-    g.eps = c.rms_norm_eps;
+    GemvArgs g = normed_gemv(m_->final_norm);
     g.seg[0] = GemvSeg{m_->lm_head, Epilogue::Logits, sc_.logits, c.vocab_size, nullptr, nullptr,
                        greedy ? sc_.argmax : nullptr, greedy ? sq.vocab_limit : 0};
     g.nseg = 1;
@@ -755,14 +761,7 @@ class CudaBackend final : public Backend {
   void gdn_branch(const DLayer& d, Seq& sq, int l) {
     const auto& c = m_->cfg;
     const int64_t H = c.hidden_size;
-    GemvArgs g;
-    g.M = 1;
-    g.K = H;
-    g.x = sc_.x;
-    g.ldx = H;
-    g.pro = Prologue::RmsNorm;
-    g.norm_w = d.input_norm;
-    g.eps = c.rms_norm_eps;
+    GemvArgs g = normed_gemv(d.input_norm);
     g.seg[0] = GemvSeg{d.qkv, Epilogue::ConvSilu, sc_.u, d.qkv.rows, sq.conv[size_t(l)], d.conv_w, nullptr};
     g.seg[1] = GemvSeg{d.z, Epilogue::Store, sc_.z, d.z.rows, nullptr, nullptr, nullptr};
     g.seg[2] = GemvSeg{d.b, Epilogue::Store, sc_.b, d.b.rows, nullptr, nullptr, nullptr};
@@ -804,14 +803,7 @@ class CudaBackend final : public Backend {
   void attn_branch(const DLayer& d, Seq& sq, int l) {
     const auto& c = m_->cfg;
     const int64_t H = c.hidden_size;
-    GemvArgs g;
-    g.M = 1;
-    g.K = H;
-    g.x = sc_.x;
-    g.ldx = H;
-    g.pro = Prologue::RmsNorm;
-    g.norm_w = d.input_norm;
-    g.eps = c.rms_norm_eps;
+    GemvArgs g = normed_gemv(d.input_norm);
     g.seg[0] = GemvSeg{d.q, Epilogue::Store, sc_.qg, d.q.rows, nullptr, nullptr, nullptr};
     g.seg[1] = GemvSeg{d.k, Epilogue::Store, sc_.k, d.k.rows, nullptr, nullptr, nullptr};
     g.seg[2] = GemvSeg{d.v, Epilogue::Store, sc_.v, d.v.rows, nullptr, nullptr, nullptr};
@@ -851,14 +843,7 @@ class CudaBackend final : public Backend {
   void moe_branch(const DLayer& d) {
     const auto& c = m_->cfg;
     const int64_t H = c.hidden_size;
-    GemvArgs g;
-    g.M = 1;
-    g.K = H;
-    g.x = sc_.x;
-    g.ldx = H;
-    g.pro = Prologue::RmsNorm;
-    g.norm_w = d.post_norm;
-    g.eps = c.rms_norm_eps;
+    GemvArgs g = normed_gemv(d.post_norm);
     g.x_out = sc_.hn;
     g.seg[0] = GemvSeg{d.router, Epilogue::Store, sc_.rl, d.router.rows, nullptr, nullptr, nullptr};
     g.seg[1] = GemvSeg{d.sh_egate, Epilogue::Store, sc_.sgate, 1, nullptr, nullptr, nullptr};
