@@ -11,6 +11,7 @@
 
 #include "core/check.h"
 #include "core/shapes.h"
+#include "cuda/device_model.h"
 #include "cuda/kernels.h"
 
 #include <fmt/format.h>
@@ -25,44 +26,6 @@
 namespace kestrel {
 namespace cuda {
 namespace {
-
-// ---------------------------------------------------------------- device memory
-class DeviceArena {
- public:
-  DeviceArena() = default;
-  DeviceArena(const DeviceArena&) = delete;
-  DeviceArena& operator=(const DeviceArena&) = delete;
-  DeviceArena(DeviceArena&& o) noexcept : ptrs_(std::move(o.ptrs_)), bytes_(o.bytes_) {
-    o.ptrs_.clear();
-    o.bytes_ = 0;
-  }
-  DeviceArena& operator=(DeviceArena&&) = delete;
-  ~DeviceArena() {
-    for (void* p : ptrs_) cudaFree(p);
-  }
-  void* alloc(size_t bytes) {
-    void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 16));
-    if (e != cudaSuccess) {
-      size_t fr = 0, tot = 0;
-      cudaMemGetInfo(&fr, &tot);
-      KESTREL_FAIL("cudaMalloc of {:.2f} GB failed ({}); {:.2f} GB free of {:.2f} GB",
-                   double(bytes) / 1e9, cudaGetErrorString(e), double(fr) / 1e9, double(tot) / 1e9);
-    }
-    ptrs_.push_back(p);
-    bytes_ += bytes;
-    return p;
-  }
-  template <class T>
-  T* alloc_n(size_t n) {
-    return static_cast<T*>(alloc(n * sizeof(T)));
-  }
-  size_t bytes() const { return bytes_; }
-
- private:
-  std::vector<void*> ptrs_;
-  size_t bytes_ = 0;
-};
 
 // Pinned double-buffered staging: host (mmap) -> pinned -> device, no host copy of the model.
 class Uploader {
@@ -137,35 +100,6 @@ DFmt to_dfmt(WFormat f, const char* what) {
 }
 
 size_t mat_bytes(const Mat& m) { return m.nbytes(); }
-
-// ---------------------------------------------------------------- the device model
-struct DLayer {
-  LayerKind kind = LayerKind::LinearAttention;
-  float* input_norm = nullptr;  // fp32 [hidden]
-  float* post_norm = nullptr;   // fp32 [hidden]
-  // GDN
-  DMat qkv, z, b, a, out;
-  float* conv_w = nullptr;   // fp32 [conv_dim, 4]
-  float* A_log = nullptr;    // fp32 [Hv]
-  float* dt_bias = nullptr;  // fp32 [Hv]
-  float* gnorm = nullptr;    // fp32 [dv]
-  // attention
-  DMat q, k, v, o;
-  float* q_norm = nullptr;   // fp32 [head_dim]
-  float* k_norm = nullptr;
-  // MoE (experts stacked: gate/up [E*I, hidden], down [E*hidden, I])
-  DMat router, gate, up, down, sh_gate, sh_up, sh_down, sh_egate;
-};
-
-struct DModel {
-  ModelConfig cfg;
-  DMat embed, lm_head;
-  float* final_norm = nullptr;
-  std::vector<DLayer> layers;
-  DeviceArena arena;
-  double load_s = 0;
-  size_t weight_bytes = 0;
-};
 
 void validate_widths(const ModelConfig& c) {
   using namespace shapes;
@@ -431,7 +365,7 @@ class CudaBackend final : public Backend {
     KESTREL_CHECK(max_tokens > 0 && max_tokens <= c.max_position_embeddings,
                   "sequence capacity {} is outside 1..{} (max_position_embeddings)", max_tokens,
                   c.max_position_embeddings);
-    Seq sq;
+    DSeq sq;
     sq.capacity = max_tokens;
     auto& A = sq.arena;
     sq.d_pos = A.alloc_n<int>(1);
@@ -479,7 +413,7 @@ class CudaBackend final : public Backend {
   void step(std::span<const StepRequest> batch, std::span<StepResult> out) override {
     KESTREL_CHECK(batch.size() == out.size(), "step: {} requests, {} results", batch.size(), out.size());
     for (const auto& r : batch) {
-      const Seq& sq = get(r.seq);
+      const DSeq& sq = get(r.seq);
       KESTREL_CHECK(!r.tokens.empty(), "step: sequence {} has no new tokens", r.seq);
       KESTREL_CHECK(sq.length + int64_t(r.tokens.size()) <= sq.capacity,
                     "step: sequence {} would hold {} tokens, capacity {}", r.seq,
@@ -491,7 +425,7 @@ class CudaBackend final : public Backend {
     const int64_t V = m_->cfg.vocab_size;
     for (size_t i = 0; i < batch.size(); ++i) {
       const auto& r = batch[i];
-      Seq& sq = get(r.seq);
+      DSeq& sq = get(r.seq);
       const int64_t T = int64_t(r.tokens.size());
       StepResult& res = out[i];
       res.n_rows = r.all_logits ? int(T) : 1;
@@ -515,7 +449,7 @@ class CudaBackend final : public Backend {
   // ---- greedy fast path
   std::vector<int32_t> greedy(SeqId id, int32_t first, int max_new,
                               const std::function<bool(int32_t)>& on_token, int32_t vocab_limit) {
-    Seq& sq = get(id);
+    DSeq& sq = get(id);
     KESTREL_CHECK(vocab_limit >= 0 && vocab_limit <= m_->cfg.vocab_size, "greedy: vocab limit {} of {}",
                   vocab_limit, m_->cfg.vocab_size);
     if (vocab_limit != sq.vocab_limit && sq.graph) {  // the limit is part of the captured graph
@@ -556,7 +490,7 @@ class CudaBackend final : public Backend {
   }
 
   std::vector<double> time_steps(SeqId id, int32_t first, int warmup, int steps) {
-    Seq& sq = get(id);
+    DSeq& sq = get(id);
     KESTREL_CHECK(sq.length + warmup + steps <= sq.capacity, "bench: capacity {} < {} + {} + {}",
                   sq.capacity, sq.length, warmup, steps);
     ensure_graph(sq, /*greedy=*/true);
@@ -583,7 +517,7 @@ class CudaBackend final : public Backend {
   }
 
   void synthetic_context(SeqId id, int64_t context, uint64_t seed) {
-    Seq& sq = get(id);
+    DSeq& sq = get(id);
     KESTREL_CHECK(context >= 0 && context < sq.capacity, "synthetic context {} >= capacity {}", context,
                   sq.capacity);
     const auto& c = m_->cfg;
@@ -631,21 +565,6 @@ class CudaBackend final : public Backend {
   const DModel& model() const { return *m_; }
 
  private:
-  struct Seq {
-    int64_t capacity = 0, length = 0;
-    DeviceArena arena;
-    int* d_pos = nullptr;        // position of the token being processed
-    int* d_len = nullptr;        // tokens in the cache
-    int32_t* d_token = nullptr;  // input token of the step
-    int32_t* d_history = nullptr;  // [capacity] every input token
-    std::vector<float*> conv;      // per layer (GDN): fp32 [conv_dim, 3]
-    std::vector<float*> rec;       // per layer (GDN): fp32 [Hv, dv, dk]
-    std::vector<uint16_t*> kc, vc;  // per layer (attention): bf16 [capacity, kv_heads, head_dim]
-    int nsplit = 1;
-    int32_t vocab_limit = 0;                // argmax over ids < this (0 = all) in the greedy graph
-    cudaGraphExec_t graph = nullptr;        // greedy step
-    cudaGraphExec_t graph_plain = nullptr;  // step with a host-given token
-  };
   struct Scratch {
     float *x, *u, *z, *b, *a, *o, *qg, *k, *v, *attn, *partial, *rl, *sgate, *sg, *su, *hn, *tw, *act,
         *logits;
@@ -653,24 +572,24 @@ class CudaBackend final : public Backend {
     unsigned long long* argmax;
   };
 
-  Seq& get(SeqId id) {
+  DSeq& get(SeqId id) {
     auto it = seqs_.find(id);
     KESTREL_CHECK(it != seqs_.end(), "unknown sequence {}", id);
     return it->second;
   }
-  const Seq& get(SeqId id) const {
+  const DSeq& get(SeqId id) const {
     auto it = seqs_.find(id);
     KESTREL_CHECK(it != seqs_.end(), "unknown sequence {}", id);
     return it->second;
   }
-  void destroy_graph(Seq& sq) {
+  void destroy_graph(DSeq& sq) {
     if (sq.graph) cudaGraphExecDestroy(sq.graph);
     if (sq.graph_plain) cudaGraphExecDestroy(sq.graph_plain);
     sq.graph = sq.graph_plain = nullptr;
   }
   // One graph per sequence and mode: greedy (token from the on-device argmax, fused argmax at the
   // end) or plain (token from d_token, logits left in scratch for the host).
-  void ensure_graph(Seq& sq, bool greedy) {
+  void ensure_graph(DSeq& sq, bool greedy) {
     cudaGraphExec_t& ex = greedy ? sq.graph : sq.graph_plain;
     if (ex) return;
     KCUDA(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
@@ -732,7 +651,7 @@ class CudaBackend final : public Backend {
     return g;
   }
 
-  void enqueue_step(Seq& sq, bool greedy) {
+  void enqueue_step(DSeq& sq, bool greedy) {
     const auto& c = m_->cfg;
     StepBeginArgs sb;
     sb.argmax = greedy ? sc_.argmax : nullptr;
@@ -758,7 +677,7 @@ class CudaBackend final : public Backend {
     gemv(g, s_);
   }
 
-  void gdn_branch(const DLayer& d, Seq& sq, int l) {
+  void gdn_branch(const DLayer& d, DSeq& sq, int l) {
     const auto& c = m_->cfg;
     const int64_t H = c.hidden_size;
     GemvArgs g = normed_gemv(d.input_norm);
@@ -800,7 +719,7 @@ class CudaBackend final : public Backend {
     gemv(go, s_);
   }
 
-  void attn_branch(const DLayer& d, Seq& sq, int l) {
+  void attn_branch(const DLayer& d, DSeq& sq, int l) {
     const auto& c = m_->cfg;
     const int64_t H = c.hidden_size;
     GemvArgs g = normed_gemv(d.input_norm);
@@ -884,7 +803,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<DModel> m_;
   cudaStream_t s_;
   Scratch sc_{};
-  std::map<SeqId, Seq> seqs_;
+  std::map<SeqId, DSeq> seqs_;
   SeqId next_id_ = 1;
   unsigned long long* host_key_ = nullptr;  // pinned
   unsigned long long* ring_ = nullptr;      // pinned [4]
