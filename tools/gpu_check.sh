@@ -125,6 +125,12 @@ if [ -n "$BIN" ]; then
     timeout 60 "$BIN/kestrel" bench --synthetic bf16 --contexts 0,4096 --steps 128 --gemv both \
       --out "$W/results" > "$W/bench_bf16.log" 2>&1
     note "bench bf16: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_bf16.log" | tee -a "$SUMMARY"
+    # The prompt (prefill) benchmarks of issue 7, when present.
+    if [ -f tools/device/prefill_bench.sh ]; then
+      T0=$(date +%s)
+      KESTREL_BIN=$BIN/kestrel RESULTS=$W/results timeout 200 bash tools/device/prefill_bench.sh > "$W/bench_prefill.log" 2>&1
+      note "bench prefill: rc=$? in $(( $(date +%s) - T0 )) s"; tail -20 "$W/bench_prefill.log" | tee -a "$SUMMARY"
+    fi
   fi
 fi
 

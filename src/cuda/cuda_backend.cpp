@@ -569,6 +569,7 @@ class CudaBackend final : public Backend {
     float *x, *u, *z, *b, *a, *o, *qg, *k, *v, *attn, *partial, *rl, *sgate, *sg, *su, *hn, *tw, *act,
         *logits;
     int* ti;
+    unsigned* route_counter;  // RouteTail's completion counter (zero between launches)
     unsigned long long* argmax;
   };
 
@@ -629,6 +630,8 @@ class CudaBackend final : public Backend {
     sc_.hn = A.alloc_n<float>(size_t(c.hidden_size));
     sc_.tw = A.alloc_n<float>(16);
     sc_.ti = A.alloc_n<int>(16);
+    sc_.route_counter = A.alloc_n<unsigned>(1);
+    KCUDA(cudaMemset(sc_.route_counter, 0, sizeof(unsigned)));
     sc_.act = A.alloc_n<float>(size_t(c.num_experts_per_tok) * c.moe_intermediate_size);
     sc_.logits = A.alloc_n<float>(size_t(c.vocab_size));
     sc_.argmax = A.alloc_n<unsigned long long>(1);
@@ -769,9 +772,9 @@ class CudaBackend final : public Backend {
     g.seg[2] = GemvSeg{d.sh_gate, Epilogue::Store, sc_.sg, d.sh_gate.rows, nullptr, nullptr, nullptr};
     g.seg[3] = GemvSeg{d.sh_up, Epilogue::Store, sc_.su, d.sh_up.rows, nullptr, nullptr, nullptr};
     g.nseg = 4;
+    g.route = RouteTail{sc_.rl, c.num_experts, c.num_experts_per_tok, sc_.ti, sc_.tw, sc_.route_counter};
     gemv(g, s_);
     MoeGateUpArgs gu;
-    gu.logits = sc_.rl;
     gu.E = c.num_experts;
     gu.topk = c.num_experts_per_tok;
     gu.h = sc_.hn;
@@ -780,7 +783,6 @@ class CudaBackend final : public Backend {
     gu.gate = d.gate;
     gu.up = d.up;
     gu.topk_idx = sc_.ti;
-    gu.topk_w = sc_.tw;
     gu.act = sc_.act;
     moe_gate_up(gu, s_);
     MoeDownArgs dn;

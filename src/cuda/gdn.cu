@@ -45,15 +45,35 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
     const float g = -A * softplus_f(a.a[size_t(t) * a.lda + j] + dtb);
     const float decay = expf(g);
     const float* vt = ut + 2 * a.Hk * dk + size_t(j) * dv;
+    // The 4 columns' reductions interleaved (independent shuffles in flight, not 8 chains).
+    float mem[kCols], vv[kCols], o[kCols];
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
       float4& s = S[c];
+      vv[c] = vt[i0 + c];
       s.x *= decay; s.y *= decay; s.z *= decay; s.w *= decay;
-      const float mem = warp_sum(s.x * k.x + s.y * k.y + s.z * k.z + s.w * k.w);
-      const float delta = (vt[i0 + c] - mem) * beta;
+      mem[c] = s.x * k.x + s.y * k.y + s.z * k.z + s.w * k.w;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) mem[c] += __shfl_xor_sync(0xffffffffu, mem[c], off);
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      float4& s = S[c];
+      const float delta = (vv[c] - mem[c]) * beta;
       s.x += k.x * delta; s.y += k.y * delta; s.z += k.z * delta; s.w += k.w * delta;
-      const float o = warp_sum(s.x * q.x + s.y * q.y + s.z * q.z + s.w * q.w);
-      if (lane == 0) a.o[size_t(t) * a.Hv * dv + size_t(j) * dv + i0 + c] = o;
+      o[c] = s.x * q.x + s.y * q.y + s.z * q.z + s.w * q.w;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) o[c] += __shfl_xor_sync(0xffffffffu, o[c], off);
+    if (lane < kCols) {
+      float ov = o[0];
+#pragma unroll
+      for (int c = 1; c < kCols; ++c) ov = lane == c ? o[c] : ov;
+      a.o[size_t(t) * a.Hv * dv + size_t(j) * dv + i0 + lane] = ov;
     }
   }
 #pragma unroll

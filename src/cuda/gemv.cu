@@ -4,7 +4,9 @@
 // itself: 8-16 KB re-read from L2 instead of one more launch); epilogues fold the residual add,
 // the GDN causal conv + SiLU, and the lm_head argmax.
 #include "cuda/gemv_core.cuh"
+#include "cuda/moe_route.cuh"
 
+#include <algorithm>
 #include <mutex>
 
 namespace kestrel::cuda {
@@ -14,65 +16,115 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
+__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+
 // Stages the activation rows (after the prologue's norm) into shared memory, swizzled, with the
 // 16-element block sums, and optionally writes them to x_out. Ends with a barrier.
+// Every thread issues all of its float4 loads of a row (or of 4 norm groups) before it uses any,
+// so the staging costs one memory latency, not one per element (measured: the element-serial
+// loop was ~40% of a small GEMV's time).
 template <int K>
-__device__ __forceinline__ void stage_x(const GemvArgs& a, float* xs, float* xsum, float* red,
-                                        float* inv_s) {
+__device__ __forceinline__ void stage_x(const GemvArgs& a, float* xs, float* xsum, float* red) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int M = a.M;
+  constexpr int F4 = K / 4;  // float4 slots per row
   if (a.pro == Prologue::GatedRmsNorm) {
-    const int G = a.norm_group;  // 128: one warp per group, 4 values per lane
-    const int ngroups = M * (K / G);
-    for (int gi = warp; gi < ngroups; gi += kWarps) {
-      const int m = gi / (K / G), g0 = (gi % (K / G)) * G;
-      float v[4], ss = 0.f;
+    // One warp per 128-element norm group (lane: one float4 of x and of z), 4 groups per pass.
+    constexpr int G = 128;
+    constexpr int gpr = K / G;
+    const int ngroups = M * gpr;
+    const float4 nw = ld4(a.norm_w + lane * 4);
+    for (int g0 = warp; g0 < ngroups; g0 += 4 * kWarps) {
+      float4 v[4], z[4];
+      float ss[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        v[j] = a.x[size_t(m) * a.ldx + g0 + lane * 4 + j];
-        ss += v[j] * v[j];
+        const int gi = g0 + j * kWarps;
+        v[j] = z[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (gi < ngroups) {
+          const int m = gi / gpr, col = (gi % gpr) * G + lane * 4;
+          v[j] = ld4(a.x + size_t(m) * a.ldx + col);
+          z[j] = ld4(a.z + size_t(m) * a.ldz + col);
+        }
       }
-      ss = warp_sum(ss);
-      const float inv = 1.f / sqrtf(ss / float(G) + a.eps);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) ss[j] = v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) ss[j] += __shfl_xor_sync(0xffffffffu, ss[j], o);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int k = g0 + lane * 4 + j;
-        const float zz = a.z[size_t(m) * a.ldz + k];
-        const float y = (a.norm_w[lane * 4 + j] * (v[j] * inv)) * silu_f(zz);
-        smem_store_x(xs, xsum, K, m, k, y);
+        const int gi = g0 + j * kWarps;  // warp-uniform
+        if (gi < ngroups) {
+          const int m = gi / gpr, col = (gi % gpr) * G + lane * 4;
+          const float inv = 1.f / sqrtf(ss[j] / float(G) + a.eps);
+          float4 y;
+          y.x = (nw.x * (v[j].x * inv)) * silu_f(z[j].x);
+          y.y = (nw.y * (v[j].y * inv)) * silu_f(z[j].y);
+          y.z = (nw.z * (v[j].z * inv)) * silu_f(z[j].z);
+          y.w = (nw.w * (v[j].w * inv)) * silu_f(z[j].w);
+          smem_store4(xs, xsum, K, m, col / 4, y);
+        }
       }
     }
   } else {
+    constexpr int NV = (F4 + kThreads - 1) / kThreads;  // float4 per thread and row
     for (int m = 0; m < M; ++m) {
+      float4 v[NV];
       float ss = 0.f;
-      for (int k = tid; k < K; k += kThreads) {
-        const float v = a.x[size_t(m) * a.ldx + k];
-        ss += v * v;
-        smem_store_x(xs, xsum, K, m, k, v);
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int sl = tid + i * kThreads;
+        v[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (sl < F4) v[i] = ld4(a.x + size_t(m) * a.ldx + 4 * sl);
+        ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
       }
       if (a.pro == Prologue::RmsNorm) {
         ss = block_sum(ss, red);
-        if (tid == 0) inv_s[m] = 1.f / sqrtf(ss / float(K) + a.eps);
-      }
-    }
-    if (a.pro == Prologue::RmsNorm) {
-      __syncthreads();
-      for (int m = 0; m < M; ++m)
-        for (int k = tid; k < K; k += kThreads) {
-          const int idx = m * K + swz(k >> 2) * 4 + (k & 3);
-          xs[idx] = xs[idx] * inv_s[m] * a.norm_w[k];
+        const float inv = 1.f / sqrtf(ss / float(K) + a.eps);
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          const int sl = tid + i * kThreads;
+          if (sl < F4) {
+            const float4 w = ld4(a.norm_w + 4 * sl);
+            v[i].x = v[i].x * inv * w.x;
+            v[i].y = v[i].y * inv * w.y;
+            v[i].z = v[i].z * inv * w.z;
+            v[i].w = v[i].w * inv * w.w;
+          }
         }
+      }
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int sl = tid + i * kThreads;  // sl < F4 is warp-uniform (F4 % 32 == 0)
+        if (sl < F4) smem_store4(xs, xsum, K, m, sl, v[i]);
+      }
     }
   }
   __syncthreads();
-  smem_sum16(xs, xsum, K, M);
   if (a.x_out != nullptr && blockIdx.x == 0)
-    for (int i = tid; i < M * K; i += kThreads) {
-      const int m = i / K, k = i % K;
-      a.x_out[i] = xs[m * K + swz(k >> 2) * 4 + (k & 3)];
+    for (int i = tid; i < M * F4; i += kThreads) {
+      const int m = i / F4, sl = i % F4;
+      reinterpret_cast<float4*>(a.x_out)[size_t(m) * F4 + sl] =
+          reinterpret_cast<const float4*>(xs + size_t(m) * K)[swz(sl)];
     }
-  __syncthreads();
+}
 
+// MoE routing by the last block of a launch to finish (RouteTail): all blocks' router logits
+// are in memory by then (each block fences before it counts itself done).
+__device__ __forceinline__ void route_tail(const RouteTail& r) {
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(r.counter, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x < 32) moe_route_warp(r.logits, r.E, r.topk, r.idx, r.w);
+  if (threadIdx.x == 0) *r.counter = 0u;
 }
 
 template <int K, int MM>
@@ -81,7 +133,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
   float* xs = reinterpret_cast<float*>(smem4);
   float* xsum = xs + size_t(a.M) * K;
   __shared__ float red[32];
-  __shared__ float inv_s[kMaxGemvRows];
   __shared__ unsigned long long best_s[kWarps][kMaxGemvRows];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int M = a.M;
@@ -101,7 +152,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
   }
   pdl_wait();
 
-  stage_x<K>(a, xs, xsum, red, inv_s);
+  stage_x<K>(a, xs, xsum, red);
 
   // ---- rows: one warp per weight row ----
   const SmemX X{xs, xsum, K};
@@ -190,15 +241,17 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
     }
   }
   (void)any_logits;
+  if (a.route.logits != nullptr) route_tail(a.route);
 }
 
 
-// ---- v2 (M = 1, one format for all segments): each warp holds R rows' loads in flight, and the
-// first group's weight loads are issued before waiting on the previous kernel and before staging
-// the activations (weights never depend on earlier kernels), so the staging latency and, with
-// PDL, the previous kernel's tail overlap the weight stream. R = max(1, 8 / chunks per lane).
+// ---- v2 (M = 1, one format for all segments): each warp streams its rows in groups of R with two
+// groups in flight (the next group's loads are issued before the current one is reduced), and
+// the first group's loads are issued before waiting on the previous kernel and before staging
+// the activations (weights never depend on earlier kernels). R = max(1, 4 / chunks per lane).
+// The grid is capped at what is resident at once, so every block's first loads go out together.
 template <DFmt F, int K>
-constexpr int kRowsPerWarp = (8 / (K / Fmt<F>::kEpc / 32)) > 0 ? (8 / (K / Fmt<F>::kEpc / 32)) : 1;
+constexpr int kRowsPerWarp = (4 / (K / Fmt<F>::kEpc / 32)) > 0 ? (4 / (K / Fmt<F>::kEpc / 32)) : 1;
 
 __device__ __forceinline__ void epilogue1(const GemvSeg& sg, int64_t lr, float v,
                                           unsigned long long& best) {
@@ -229,35 +282,24 @@ __device__ __forceinline__ void epilogue1(const GemvSeg& sg, int64_t lr, float v
   }
 }
 
-template <DFmt F, int K>
-__global__ void __launch_bounds__(kThreads) gemv_rows_kernel(const __grid_constant__ GemvArgs a,
-                                                             int64_t total_rows) {
-  constexpr int kChunks = K / Fmt<F>::kEpc;
-  constexpr int NCH = kChunks / 32;
-  constexpr int R = kRowsPerWarp<F, K>;
-  constexpr int kGroups = K / 64;
-  constexpr int kCPG = 64 / Fmt<F>::kEpc;
-  extern __shared__ float4 smem4[];
-  float* xs = reinterpret_cast<float*>(smem4);
-  float* xsum = xs + K;
-  __shared__ float red[32];
-  __shared__ float inv_s[kMaxGemvRows];
-  __shared__ unsigned long long best_s[kWarps];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t nw = int64_t(gridDim.x) * kWarps;
-  int64_t base = int64_t(blockIdx.x) * kWarps + warp;
-
+// R rows of one warp: their loads (issue) and their dots + epilogues (finish).
+template <DFmt F, int K, int R>
+struct RowGroup {
+  static constexpr int kChunks = K / Fmt<F>::kEpc;
+  static constexpr int NCH = kChunks / 32;
+  static constexpr int kGroups = K / 64;
+  static constexpr int kCPG = 64 / Fmt<F>::kEpc;
   uint4 q[R][NCH];
   float sc[R][NCH], bi[R][NCH];
   int segi[R];
   int64_t lrow[R];
-  auto issue = [&](int64_t b) {
+  __device__ __forceinline__ void issue(const GemvArgs& a, int64_t b, int64_t nw, int64_t total, int lane) {
 #pragma unroll
     for (int j = 0; j < R; ++j) {
       const int64_t r = b + j * nw;
       segi[j] = -1;
       lrow[j] = 0;
-      if (r < total_rows) {
+      if (r < total) {
         int s = 0;
         int64_t lr = r;
         while (lr >= a.seg[s].w.rows) lr -= a.seg[s++].w.rows;
@@ -277,16 +319,9 @@ __global__ void __launch_bounds__(kThreads) gemv_rows_kernel(const __grid_consta
         }
       }
     }
-  };
-
-  pdl_launch_dependents();
-  issue(base);
-  pdl_wait();
-  stage_x<K>(a, xs, xsum, red, inv_s);
-
-  const SmemX X{xs, xsum, K};
-  unsigned long long best = 0ull;
-  while (true) {
+  }
+  __device__ __forceinline__ void finish(const GemvArgs& a, const SmemX& X, int lane,
+                                         unsigned long long& best) const {
 #pragma unroll
     for (int j = 0; j < R; ++j) {
       if (segi[j] < 0) continue;  // warp-uniform
@@ -301,9 +336,37 @@ __global__ void __launch_bounds__(kThreads) gemv_rows_kernel(const __grid_consta
       const float v = warp_sum(acc[0]);
       if (lane == 0) epilogue1(a.seg[segi[j]], lrow[j], v, best);
     }
-    base += nw * R;
-    if (base >= total_rows) break;
-    issue(base);
+  }
+};
+
+template <DFmt F, int K>
+__global__ void __launch_bounds__(kThreads) gemv_rows_kernel(const __grid_constant__ GemvArgs a,
+                                                             int64_t total_rows) {
+  constexpr int R = kRowsPerWarp<F, K>;
+  extern __shared__ float4 smem4[];
+  float* xs = reinterpret_cast<float*>(smem4);
+  float* xsum = xs + K;
+  __shared__ float red[32];
+  __shared__ unsigned long long best_s[kWarps];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t nw = int64_t(gridDim.x) * kWarps;
+  const int64_t step = nw * R;  // rows covered by one group of every warp
+  const int64_t base = int64_t(blockIdx.x) * kWarps + warp;
+
+  RowGroup<F, K, R> A, B;
+  pdl_launch_dependents();
+  A.issue(a, base, nw, total_rows, lane);
+  pdl_wait();
+  stage_x<K>(a, xs, xsum, red);
+
+  const SmemX X{xs, xsum, K};
+  unsigned long long best = 0ull;
+  for (int64_t b = base; b < total_rows; b += 2 * step) {
+    if (b + step < total_rows) B.issue(a, b + step, nw, total_rows, lane);
+    A.finish(a, X, lane, best);
+    if (b + step >= total_rows) break;
+    if (b + 2 * step < total_rows) A.issue(a, b + 2 * step, nw, total_rows, lane);
+    B.finish(a, X, lane, best);
   }
   bool logits = false;
   for (int s = 0; s < a.nseg; ++s)
@@ -320,6 +383,20 @@ __global__ void __launch_bounds__(kThreads) gemv_rows_kernel(const __grid_consta
       if (b != 0ull) atomicMax(dst, b);
     }
   }
+  if (a.route.logits != nullptr) route_tail(a.route);
+}
+
+// Blocks of gemv_rows_kernel<F, K> resident at once on the whole GPU (occupancy API; first
+// called from gemv_init, outside any graph capture).
+template <DFmt F, int K>
+int resident_blocks() {
+  static const int n = [] {
+    int per_sm = 0;
+    const size_t smem = size_t(K) * 4 + size_t(K / 16) * 4;
+    KCUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_rows_kernel<F, K>, kThreads, smem));
+    return std::max(1, per_sm) * num_sms();
+  }();
+  return n;
 }
 
 template <DFmt F, int K>
@@ -327,7 +404,7 @@ void launch_rows(const GemvArgs& a, int64_t total, cudaStream_t s) {
   constexpr int R = kRowsPerWarp<F, K>;
   const size_t smem = size_t(K) * 4 + size_t(K / 16) * 4;
   const int64_t want = (total + kWarps * R - 1) / (kWarps * R);
-  const int blocks = int(std::min<int64_t>(want, int64_t(num_sms()) * 4));
+  const int blocks = int(std::min<int64_t>(want, resident_blocks<F, K>()));
   launch_pdl(gemv_rows_kernel<F, K>, dim3(blocks), dim3(kThreads), smem, s, a, total);
 }
 
@@ -381,6 +458,14 @@ void gemv_init() {
     set_smem_limit<512>();
     set_smem_limit<2048>();
     set_smem_limit<4096>();
+    (void)resident_blocks<DFmt::BF16, 512>();
+    (void)resident_blocks<DFmt::Q8, 512>();
+    (void)resident_blocks<DFmt::BF16, 2048>();
+    (void)resident_blocks<DFmt::Q8, 2048>();
+    (void)resident_blocks<DFmt::Q4, 2048>();
+    (void)resident_blocks<DFmt::BF16, 4096>();
+    (void)resident_blocks<DFmt::Q8, 4096>();
+    (void)resident_blocks<DFmt::Q4, 4096>();
   });
 }
 

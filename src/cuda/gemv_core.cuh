@@ -219,6 +219,65 @@ __device__ __forceinline__ void multi_dot(const DMat* const (&w)[NR], const int6
   }
 }
 
+// multi_dot in two halves, so that the weight loads can be issued before the activations are
+// staged (weights never depend on the previous kernel): RowLoads::issue starts every load of NR
+// rows, RowLoads::dot consumes them. Same numerics as multi_dot.
+template <DFmt F, int K, int TPR, int NR>
+struct RowLoads {
+  static constexpr int kChunks = K / Fmt<F>::kEpc;
+  static_assert(kChunks % TPR == 0, "chunks per row must divide among the lanes");
+  static constexpr int NCH = kChunks / TPR;
+  uint4 q[NR][NCH];
+  float sc[NR][NCH], bi[NR][NCH];
+  bool on[NR];
+  __device__ __forceinline__ void issue(const DMat* const (&w)[NR], const int64_t (&row)[NR], int li) {
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      on[r] = w[r] != nullptr;
+      if (!on[r]) continue;
+      const uint4* base = reinterpret_cast<const uint4*>(w[r]->data) + size_t(row[r]) * kChunks;
+#pragma unroll
+      for (int i = 0; i < NCH; ++i) q[r][i] = __ldg(base + li + TPR * i);
+      if constexpr (F != DFmt::BF16) {
+        constexpr int kGroups = K / 64;
+        constexpr int kChunksPerGroup = 64 / Fmt<F>::kEpc;
+#pragma unroll
+        for (int i = 0; i < NCH; ++i) {
+          const int g = (li + TPR * i) / kChunksPerGroup;
+          sc[r][i] = bf16_bits_to_f32(__ldg(w[r]->scales + size_t(row[r]) * kGroups + g));
+          bi[r][i] = bf16_bits_to_f32(__ldg(w[r]->biases + size_t(row[r]) * kGroups + g));
+        }
+      }
+    }
+  }
+  // out[r] = this lane's partial dot of row r with X[r] (0 for inactive rows).
+  __device__ __forceinline__ void dot(const SmemX (&X)[NR], int li, float (&out)[NR]) const {
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      float acc[1] = {0.f};
+      if (on[r]) {
+#pragma unroll
+        for (int i = 0; i < NCH; ++i) {
+          if constexpr (F == DFmt::BF16)
+            chunk_dot<F, 1>(q[r][i], 0.f, 0.f, li + TPR * i, X[r], 1, acc);
+          else
+            chunk_dot<F, 1>(q[r][i], sc[r][i], bi[r][i], li + TPR * i, X[r], 1, acc);
+        }
+      }
+      out[r] = acc[0];
+    }
+  }
+};
+
+// Stores 4 consecutive activations (elements 4s..4s+3 of row m, s = slot) into the swizzled
+// layout, and, when the 4 lanes l, l^1, l^2, l^3 (l % 4 == 0) hold the 4 slots of one 16-element
+// block, that block's sum. Every lane of the warp must call it (shuffles).
+__device__ __forceinline__ void smem_store4(float* xs, float* xsum, int K, int m, int s, float4 v) {
+  reinterpret_cast<float4*>(xs + size_t(m) * K)[swz(s)] = v;
+  const float t = group_sum<4>((v.x + v.y) + (v.z + v.w));
+  if ((threadIdx.x & 3) == 0) xsum[size_t(m) * (K / 16) + (s >> 2)] = t;
+}
+
 // Writes fp32 rows x[m][0..K) into the swizzled shared layout and the 16-element sums.
 // Call with all threads of the block; followed by __syncthreads() by the caller.
 __device__ __forceinline__ void smem_store_x(float* xs, float* xsum, int K, int m, int k, float v) {

@@ -76,6 +76,18 @@ struct GemvSeg {
   int64_t argmax_rows = 0;  // Logits: rows >= this are left out of the argmax (0 = all rows)
 };
 
+// MoE routing fused into the end of the GEMV that computes the router logits: the last block of
+// the launch to finish runs softmax + top-k + renormalise over logits[0..E) (one warp) and
+// writes idx/w (selected experts in ascending order, as the CPU oracle accumulates them).
+// counter: a device word that is zero before the launch; the last block resets it.
+struct RouteTail {
+  const float* logits = nullptr;  // null: no routing
+  int E = 0, topk = 0;
+  int* idx = nullptr;             // [topk]
+  float* w = nullptr;             // [topk]
+  unsigned* counter = nullptr;
+};
+
 struct GemvArgs {
   int M = 1;
   int64_t K = 0;
@@ -90,6 +102,7 @@ struct GemvArgs {
   float* x_out = nullptr;         // optional: the prologue's result, fp32 [M, K]
   GemvSeg seg[kMaxGemvSegs];
   int nseg = 0;
+  RouteTail route;
 };
 void gemv(const GemvArgs& a, cudaStream_t s);
 // One-time kernel attributes (large dynamic shared memory); call before any graph capture.
@@ -147,18 +160,17 @@ constexpr int kAttnMinChunk = 64;       // positions per split block at least (g
 int attn_nsplit(int64_t capacity);      // splits per kv head for a cache of this capacity
 void attn_decode(const AttnDecodeArgs& a, cudaStream_t s);
 
-// MoE decode of one token. logits: fp32 [E] router output; h: fp32 [hidden] normed input.
-// moe_gate_up: softmax + top-k + renormalise (written to topk_idx/topk_w), then per selected
-// expert act[k, I] = silu(gate_e h) * (up_e h). gate/up: stacked [E*I, hidden].
+// MoE decode of one token. The routing (topk_idx ascending, topk_w) comes from the router
+// GEMV's RouteTail; h: fp32 [hidden] normed input. moe_gate_up: per selected expert
+// act[k, I] = silu(gate_e h) * (up_e h). gate/up: stacked [E*I, hidden].
 struct MoeGateUpArgs {
-  const float* logits = nullptr;
-  int E = 0, topk = 0;
+  int topk = 0;
+  int64_t E = 0;                 // experts in the stacked gate/up (bounds of topk_idx)
   const float* h = nullptr;
   int64_t hidden = 0, I = 0;
   DMat gate, up;
-  int* topk_idx = nullptr;      // [topk]
-  float* topk_w = nullptr;      // [topk]
-  float* act = nullptr;         // fp32 [topk, I]
+  const int* topk_idx = nullptr;  // [topk]
+  float* act = nullptr;           // fp32 [topk, I]
 };
 void moe_gate_up(const MoeGateUpArgs& a, cudaStream_t s);
 // moe_down: x[r] += sum_k w_k (down_{e_k} act_k)[r] + sigmoid(*sgate) (shared_down sact)[r],

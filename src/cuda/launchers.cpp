@@ -88,11 +88,21 @@ void gemv(const GemvArgs& a, cudaStream_t s) {
   KESTREL_CHECK(a.K == 512 || a.K == 2048 || a.K == 4096,
                 "gemv: K = {} (kernels exist for 512, 2048, 4096)", a.K);
   KESTREL_CHECK(a.x != nullptr && a.ldx >= a.K, "gemv: x null or ldx {} < K {}", a.ldx, a.K);
+  // Activations are staged with float4 loads.
+  KESTREL_CHECK(reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && a.ldx % 4 == 0,
+                "gemv: x must be 16-byte aligned with ldx % 4 == 0 (ldx {})", a.ldx);
+  if (a.pro != Prologue::None)
+    KESTREL_CHECK(reinterpret_cast<uintptr_t>(a.norm_w) % 16 == 0, "gemv: norm weight not 16-byte aligned");
+  if (a.x_out != nullptr)
+    KESTREL_CHECK(reinterpret_cast<uintptr_t>(a.x_out) % 16 == 0, "gemv: x_out not 16-byte aligned");
   if (a.pro == Prologue::RmsNorm) KESTREL_CHECK(a.norm_w != nullptr, "gemv: RmsNorm without weight");
   if (a.pro == Prologue::GatedRmsNorm)
     KESTREL_CHECK(a.norm_group == 128 && a.K % 128 == 0 && a.z != nullptr && a.norm_w != nullptr &&
                       a.ldz >= a.K,
                   "gemv: GatedRmsNorm needs group 128, z and a weight (group {})", a.norm_group);
+  if (a.pro == Prologue::GatedRmsNorm)
+    KESTREL_CHECK(reinterpret_cast<uintptr_t>(a.z) % 16 == 0 && a.ldz % 4 == 0,
+                  "gemv: z must be 16-byte aligned with ldz % 4 == 0");
   int64_t total = 0;
   for (int i = 0; i < a.nseg; ++i) {
     const GemvSeg& g = a.seg[i];
@@ -112,6 +122,16 @@ void gemv(const GemvArgs& a, cudaStream_t s) {
     if (g.epi == Epilogue::ConvSilu)
       KESTREL_CHECK(g.conv_state && g.conv_w, "gemv: ConvSilu without state/weights");
     total += g.w.rows;
+  }
+  if (a.route.logits != nullptr) {
+    const RouteTail& r = a.route;
+    KESTREL_CHECK(r.E >= 1 && r.E <= 512 && r.topk >= 1 && r.topk <= 16 && r.topk <= r.E,
+                  "gemv route: E {} top-k {} (supported E <= 512, k <= 16)", r.E, r.topk);
+    KESTREL_CHECK(r.idx && r.w && r.counter, "gemv route: null output or counter");
+    bool produced = false;  // the logits must be one of this launch's outputs
+    for (int i = 0; i < a.nseg; ++i)
+      produced |= a.seg[i].y == r.logits && a.seg[i].w.rows >= r.E && a.seg[i].epi == Epilogue::Store;
+    KESTREL_CHECK(produced, "gemv route: logits are not a Store segment of this launch with >= E rows");
   }
   gemv_init();
   gemv_launch(a, total, s);
@@ -152,7 +172,8 @@ void moe_gate_up(const MoeGateUpArgs& a, cudaStream_t s) {
                     a.gate.rows == int64_t(a.E) * a.I && a.up.rows == a.gate.rows &&
                     a.gate.cols == a.hidden && a.up.cols == a.hidden,
                 "moe_gate_up: stacked gate/up must be [E*I, hidden] of one format");
-  KESTREL_CHECK(a.logits && a.h && a.topk_idx && a.topk_w && a.act, "moe_gate_up: null pointer");
+  KESTREL_CHECK(a.h && a.topk_idx && a.act, "moe_gate_up: null pointer");
+  KESTREL_CHECK(reinterpret_cast<uintptr_t>(a.h) % 16 == 0, "moe_gate_up: h not 16-byte aligned");
   moe_gate_up_launch(a, s);
 }
 
@@ -170,6 +191,9 @@ void moe_down(const MoeDownArgs& a, cudaStream_t s) {
                 dfmt_name(a.down.fmt), dfmt_name(a.shared_down.fmt));
   KESTREL_CHECK(a.topk_idx && a.topk_w && a.act && a.sg && a.su && a.sgate && a.x,
                 "moe_down: null pointer");
+  KESTREL_CHECK(reinterpret_cast<uintptr_t>(a.act) % 16 == 0 && reinterpret_cast<uintptr_t>(a.sg) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(a.su) % 16 == 0,
+                "moe_down: activations not 16-byte aligned");
   KESTREL_CHECK(a.down.fmt == DFmt::Q4 || a.down.fmt == DFmt::Q8 || a.down.fmt == DFmt::BF16,
                 "moe_down: format {}", dfmt_name(a.down.fmt));
   moe_down_launch(a, s);

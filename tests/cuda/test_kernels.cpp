@@ -467,9 +467,18 @@ void run_moe(const MoeCase& c, uint32_t seed) {
   a.seg[2] = GemvSeg{dSG->d, Epilogue::Store, dsg->as<float>(), Is, nullptr, nullptr, nullptr};
   a.seg[3] = GemvSeg{dSU->d, Epilogue::Store, dsu->as<float>(), Is, nullptr, nullptr, nullptr};
   a.nseg = 4;
-  gemv(a, nullptr);
+  DevBuf counter(4);
+  KCUDA(cudaMemset(counter.p, 0, 4));
+  a.route = RouteTail{dl->as<float>(), c.E, c.topk, ti.as<int>(), tw.as<float>(), counter.as<unsigned>()};
+  // Twice, the routing poisoned in between: the last block of each launch routes (the counter
+  // is left at zero for the next launch).
+  for (int rep = 0; rep < 2; ++rep) {
+    KCUDA(cudaMemset(ti.p, 0xff, 64));
+    KCUDA(cudaMemset(tw.p, 0xff, 64));
+    gemv(a, nullptr);
+  }
+  EXPECT_EQ(to_host<unsigned>(counter, 1)[0], 0u) << "route counter not reset";
   MoeGateUpArgs gu;
-  gu.logits = dl->as<float>();
   gu.E = c.E;
   gu.topk = c.topk;
   gu.h = dh->as<float>();
@@ -478,7 +487,6 @@ void run_moe(const MoeCase& c, uint32_t seed) {
   gu.gate = dG->d;
   gu.up = dU->d;
   gu.topk_idx = ti.as<int>();
-  gu.topk_w = tw.as<float>();
   gu.act = dact->as<float>();
   moe_gate_up(gu, nullptr);
   MoeDownArgs dn;
