@@ -13,6 +13,7 @@
 #include "core/shapes.h"
 #include "cuda/device_model.h"
 #include "cuda/kernels.h"
+#include "cuda/prefill_step.h"
 
 #include <fmt/format.h>
 
@@ -430,21 +431,33 @@ class CudaBackend final : public Backend {
       StepResult& res = out[i];
       res.n_rows = r.all_logits ? int(T) : 1;
       res.logits.assign(size_t(res.n_rows * V), 0.f);
-      // Prompts loop the decode path (prefill kernels: issue 7).
-      ensure_graph(sq, /*greedy=*/false);
-      for (int64_t t = 0; t < T; ++t) {
-        KCUDA(cudaMemcpyAsync(sq.d_token, &r.tokens[size_t(t)], 4, cudaMemcpyHostToDevice, s_));
-        KCUDA(cudaGraphLaunch(sq.graph_plain, s_));
-        if (r.all_logits || t == T - 1) {
-          float* dst = res.logits.data() + (r.all_logits ? t * V : 0);
-          KCUDA(cudaMemcpyAsync(dst, sc_.logits, size_t(V) * 4, cudaMemcpyDeviceToHost, s_));
-        }
-        // The token copy reads host memory that lives until the stream drains.
-        KCUDA(cudaStreamSynchronize(s_));
+      if (T > 1) {
+        // Prompts: the chunked prefill driver (advances sq and its device counters).
+        prefill().run(sq, r.tokens, r.all_logits, res.logits.data(), s_);
+        continue;
       }
+      ensure_graph(sq, /*greedy=*/false);
+      KCUDA(cudaMemcpyAsync(sq.d_token, &r.tokens[0], 4, cudaMemcpyHostToDevice, s_));
+      KCUDA(cudaGraphLaunch(sq.graph_plain, s_));
+      KCUDA(cudaMemcpyAsync(res.logits.data(), sc_.logits, size_t(V) * 4, cudaMemcpyDeviceToHost, s_));
+      // The token copy reads host memory that lives until the stream drains.
+      KCUDA(cudaStreamSynchronize(s_));
       sq.length += T;
     }
   }
+
+  // ---- prompt driver (created on the first multi-token step; scratch allocated once then)
+  PrefillStep& prefill() {
+    if (!prefill_) prefill_ = std::make_unique<PrefillStep>(*m_, prefill_chunk_);
+    return *prefill_;
+  }
+  void set_prefill_chunk(int64_t n) {
+    KESTREL_CHECK(n >= 1 && n <= kPrefillMaxChunk, "prefill chunk {} outside 1..{}", n, kPrefillMaxChunk);
+    KCUDA(cudaStreamSynchronize(s_));
+    prefill_.reset();
+    prefill_chunk_ = n;
+  }
+  size_t prefill_bytes() const { return prefill_ ? prefill_->scratch_bytes() : 0; }
 
   // ---- greedy fast path
   std::vector<int32_t> greedy(SeqId id, int32_t first, int max_new,
@@ -810,6 +823,8 @@ class CudaBackend final : public Backend {
   unsigned long long* host_key_ = nullptr;  // pinned
   unsigned long long* ring_ = nullptr;      // pinned [4]
   cudaEvent_t ring_ev_[4] = {};
+  int64_t prefill_chunk_ = kPrefillMaxChunk;
+  std::unique_ptr<PrefillStep> prefill_;  // after m_: destroyed first (it refers to *m_)
 };
 
 CudaBackend& as_cuda(Backend& b) {
@@ -902,6 +917,8 @@ std::vector<double> time_decode_steps(Backend& b, SeqId seq, int32_t first, int 
 }
 double load_seconds(const Backend& b) { return as_cuda(b).model().load_s; }
 size_t weight_bytes(const Backend& b) { return as_cuda(b).model().weight_bytes; }
+void set_prefill_max_chunk(Backend& b, int64_t max_chunk) { as_cuda(b).set_prefill_chunk(max_chunk); }
+size_t prefill_scratch_bytes(const Backend& b) { return as_cuda(b).prefill_bytes(); }
 
 }  // namespace cuda
 

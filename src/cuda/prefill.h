@@ -122,6 +122,10 @@ struct MoePrefillScratch {
   uint16_t* sact = nullptr;   // bf16 [T, Is]
   float* shared = nullptr;    // [T, hidden]
   float* sgate = nullptr;     // [T]
+  // true: `logits` already holds the router logits [T, E] (the prompt driver computes them with
+  // the exact fp32 GEMM of prefill_ops.h, so routing matches decode and the CPU oracle); the
+  // bf16 tensor-core router GEMM is skipped.
+  bool router_logits_given = false;
 };
 // out[T, hidden] = MoE(h) (accumulate: out += MoE(h), the residual add).
 void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,

@@ -556,17 +556,19 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   const int64_t slots = T * w.topk;
   // The input once in bf16 (the GEMMs round it to bf16 anyway: same numbers, half the bytes).
   prefill_to_bf16_launch(h, T, w.hidden, w.hidden, sc.h16, w.hidden, s);
-  // Router logits.
-  PrefillGemmArgs g;
-  g.M = T;
-  g.N = w.E;
-  g.K = w.hidden;
-  g.A16 = sc.h16;
-  g.lda = w.hidden;
-  g.W = w.router;
-  g.C = sc.logits;
-  g.ldc = w.E;
-  prefill_gemm_launch(g, s);
+  // Router logits (unless the caller computed them).
+  if (!sc.router_logits_given) {
+    PrefillGemmArgs g;
+    g.M = T;
+    g.N = w.E;
+    g.K = w.hidden;
+    g.A16 = sc.h16;
+    g.lda = w.hidden;
+    g.W = w.router;
+    g.C = sc.logits;
+    g.ldc = w.E;
+    prefill_gemm_launch(g, s);
+  }
   MoeRouteArgs r;
   r.logits = sc.logits;
   r.T = T;

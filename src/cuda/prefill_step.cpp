@@ -1,0 +1,349 @@
+// The prompt (prefill) driver: see prefill_step.h for the sequence of kernels per chunk.
+#include "cuda/prefill_step.h"
+
+#include "cuda/prefill_ops.h"
+
+#include <algorithm>
+
+namespace kestrel::cuda {
+
+namespace {
+
+// Every scratch buffer of the driver for chunks of Tm tokens, in elements (one list, used both to
+// allocate and to report the size before allocating).
+struct ScratchPlan {
+  // fp32 buffers
+  size_t x, hn, qkv, u, z, b, a, o, qg, k, v, attn, logits;
+  size_t gdn_bytes;
+  // bf16 buffers
+  size_t h16, y16, qbuf;
+  // MoE
+  size_t moe_logits, moe_slots, moe_e1, moe_h16, moe_act, moe_slot_out, moe_sact, moe_shared, moe_sgate;
+
+  ScratchPlan(const ModelConfig& c, int64_t Tm) {
+    const size_t T = size_t(Tm), H = size_t(c.hidden_size);
+    const size_t C = size_t(c.gdn_conv_dim()), VD = size_t(c.gdn_value_dim());
+    const size_t Hv = size_t(c.linear_num_value_heads);
+    const size_t nh = size_t(c.num_attention_heads), kv = size_t(c.num_kv_heads), D = size_t(c.head_dim);
+    const size_t E = size_t(c.num_experts), K = size_t(c.num_experts_per_tok);
+    x = T * H;
+    hn = T * H;
+    h16 = T * H;
+    qkv = T * C;
+    u = T * C;
+    z = T * VD;
+    b = T * Hv;
+    a = T * Hv;
+    o = T * VD;
+    y16 = T * VD;
+    gdn_bytes = prefill_gdn_scratch_bytes(Tm, int(Hv));
+    qg = T * nh * 2 * D;
+    k = T * kv * D;
+    v = T * kv * D;
+    qbuf = T * nh * D;
+    attn = T * nh * D;
+    logits = size_t(std::max<int64_t>(kLogitRows, 1)) * size_t(c.vocab_size);
+    moe_logits = T * E;
+    moe_slots = T * K;
+    moe_e1 = E + 1;
+    moe_h16 = T * H;
+    moe_act = T * K * size_t(c.moe_intermediate_size);
+    moe_slot_out = T * K * H;
+    moe_sact = T * size_t(c.shared_expert_intermediate_size);
+    moe_shared = T * H;
+    moe_sgate = T;
+  }
+  size_t bytes() const {
+    const size_t f32 = x + hn + qkv + u + z + b + a + o + qg + k + v + attn + logits + moe_logits +
+                       moe_slots /* topk_w */ + moe_slot_out + moe_shared + moe_sgate;
+    const size_t i32 = 2 * moe_slots /* topk_idx, sorted */ + 3 * moe_e1 /* counts, offsets */;
+    const size_t b16 = h16 + y16 + qbuf + moe_h16 + moe_act + moe_sact;
+    return 4 * f32 + 4 * i32 + 2 * b16 + gdn_bytes;
+  }
+};
+
+}  // namespace
+
+size_t prefill_step_scratch_bytes(const ModelConfig& c, int64_t max_chunk) {
+  return ScratchPlan(c, max_chunk).bytes();
+}
+
+PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_(max_chunk) {
+  KESTREL_CHECK(max_chunk >= 1 && max_chunk <= kPrefillMaxChunk,
+                "prefill: chunk size {} outside 1..{}", max_chunk, kPrefillMaxChunk);
+  const ModelConfig& c = m.cfg;
+  // The GEMMs read bf16 rows of these widths (K % 64) and the norms use float4 rows.
+  KESTREL_CHECK(c.hidden_size % 64 == 0 && c.gdn_value_dim() % 64 == 0 &&
+                    int64_t(c.num_attention_heads) * c.head_dim % 64 == 0 &&
+                    c.moe_intermediate_size % 64 == 0 && c.shared_expert_intermediate_size % 64 == 0,
+                "prefill: widths hidden {} value_dim {} heads*head_dim {} experts {}/{} must be "
+                "multiples of 64",
+                c.hidden_size, c.gdn_value_dim(), c.num_attention_heads * c.head_dim,
+                c.moe_intermediate_size, c.shared_expert_intermediate_size);
+  KESTREL_CHECK(m.lm_head.rows == c.vocab_size, "prefill: lm_head has {} rows, vocabulary {}",
+                m.lm_head.rows, c.vocab_size);
+  prefill_init();
+  const ScratchPlan p(c, max_chunk);
+  auto& A = arena_;
+  buf_.x = A.alloc_n<float>(p.x);
+  buf_.h16 = A.alloc_n<uint16_t>(p.h16);
+  buf_.hn = A.alloc_n<float>(p.hn);
+  buf_.qkv = A.alloc_n<float>(p.qkv);
+  buf_.u = A.alloc_n<float>(p.u);
+  buf_.z = A.alloc_n<float>(p.z);
+  buf_.b = A.alloc_n<float>(p.b);
+  buf_.a = A.alloc_n<float>(p.a);
+  buf_.o = A.alloc_n<float>(p.o);
+  buf_.y16 = A.alloc_n<uint16_t>(p.y16);
+  buf_.gdn = static_cast<float*>(A.alloc(p.gdn_bytes));
+  buf_.qg = A.alloc_n<float>(p.qg);
+  buf_.k = A.alloc_n<float>(p.k);
+  buf_.v = A.alloc_n<float>(p.v);
+  buf_.qbuf = A.alloc_n<uint16_t>(p.qbuf);
+  buf_.attn = A.alloc_n<float>(p.attn);
+  buf_.logits = A.alloc_n<float>(p.logits);
+  moe_.logits = A.alloc_n<float>(p.moe_logits);
+  moe_.topk_idx = A.alloc_n<int>(p.moe_slots);
+  moe_.topk_w = A.alloc_n<float>(p.moe_slots);
+  moe_.counts = A.alloc_n<int>(p.moe_e1);
+  moe_.group_off = A.alloc_n<int>(p.moe_e1);
+  moe_.tile_off = A.alloc_n<int>(p.moe_e1);
+  moe_.sorted = A.alloc_n<int>(p.moe_slots);
+  moe_.h16 = A.alloc_n<uint16_t>(p.moe_h16);
+  moe_.act = A.alloc_n<uint16_t>(p.moe_act);
+  moe_.slot_out = A.alloc_n<float>(p.moe_slot_out);
+  moe_.sact = A.alloc_n<uint16_t>(p.moe_sact);
+  moe_.shared = A.alloc_n<float>(p.moe_shared);
+  moe_.sgate = A.alloc_n<float>(p.moe_sgate);
+  moe_.router_logits_given = true;
+  KESTREL_CHECK(arena_.bytes() == p.bytes(), "prefill: scratch plan {} B but {} B allocated", p.bytes(),
+                arena_.bytes());
+}
+
+void PrefillStep::run(DSeq& sq, std::span<const int32_t> tokens, bool all_logits, float* logits,
+                      cudaStream_t s) {
+  const int64_t n = int64_t(tokens.size());
+  KESTREL_CHECK(n >= 1 && sq.length + n <= sq.capacity,
+                "prefill: {} tokens after {} exceed the sequence capacity {}", n, sq.length,
+                sq.capacity);
+  KESTREL_CHECK(logits != nullptr, "prefill: no logits destination");
+  const int64_t V = m_.cfg.vocab_size;
+  // The tokens go to the sequence's history on the device (pageable copy: the host buffer may be
+  // reused once this returns); the embedding gather reads them there.
+  KCUDA(cudaMemcpyAsync(sq.d_history + sq.length, tokens.data(), size_t(n) * 4,
+                        cudaMemcpyHostToDevice, s));
+  for (int64_t off = 0; off < n; off += max_chunk_) {
+    const int64_t T = std::min(max_chunk_, n - off);
+    chunk(sq, sq.length, T, s);
+    if (all_logits)
+      this->all_logits(T, logits + off * V, s);
+    else if (off + T == n)
+      last_logits(T, logits, s);
+    sq.length += T;
+  }
+  PrefillSeqEndArgs e;
+  e.len = sq.length;
+  e.history = sq.d_history;
+  e.len_out = sq.d_len;
+  e.pos = sq.d_pos;
+  e.token = sq.d_token;
+  prefill_seq_end(e, s);
+  KCUDA(cudaStreamSynchronize(s));
+}
+
+void PrefillStep::chunk(DSeq& sq, int64_t pos0, int64_t T, cudaStream_t s) {
+  const ModelConfig& c = m_.cfg;
+  PrefillEmbedArgs em;
+  em.T = T;
+  em.tokens = sq.d_history + pos0;
+  em.embed = m_.embed;
+  em.x = buf_.x;
+  prefill_embed(em, s);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const DLayer& d = m_.layers[size_t(l)];
+    norm(buf_.x, d.input_norm, T, nullptr, buf_.h16, s);
+    if (d.kind == LayerKind::LinearAttention)
+      gdn_layer(d, sq, l, T, s);
+    else
+      attn_layer(d, sq, l, pos0, T, s);
+    moe_layer(d, T, s);
+  }
+}
+
+void PrefillStep::norm(const float* x, const float* w, int64_t T, float* y, uint16_t* y16,
+                       cudaStream_t s) {
+  const int64_t H = m_.cfg.hidden_size;
+  PrefillRmsNormArgs n;
+  n.T = T;
+  n.n = H;
+  n.x = x;
+  n.ldx = H;
+  n.w = w;
+  n.eps = m_.cfg.rms_norm_eps;
+  n.y = y;
+  n.ldy = H;
+  n.y16 = y16;
+  n.ldy16 = H;
+  prefill_rmsnorm(n, s);
+}
+
+// C[T, W.rows] (op)= A W^T with A bf16 (a16) or fp32 (a), dense rows of lda.
+void PrefillStep::gemm(const uint16_t* a16, const float* a, int64_t lda, int64_t T, const DMat& W,
+                       float* c, int64_t ldc, GemmEpi epi, cudaStream_t s) {
+  PrefillGemmArgs g;
+  g.M = T;
+  g.N = W.rows;
+  g.K = W.cols;
+  g.A16 = a16;
+  g.A = a;
+  g.lda = lda;
+  g.W = W;
+  g.epi = epi;
+  g.C = c;
+  g.ldc = ldc;
+  prefill_gemm(g, s);
+}
+
+void PrefillStep::gdn_layer(const DLayer& d, DSeq& sq, int l, int64_t T, cudaStream_t s) {
+  const ModelConfig& c = m_.cfg;
+  const int64_t H = c.hidden_size, C = c.gdn_conv_dim(), VD = c.gdn_value_dim();
+  const int Hv = c.linear_num_value_heads;
+  gemm(buf_.h16, nullptr, H, T, d.qkv, buf_.qkv, C, GemmEpi::Store, s);
+  gemm(buf_.h16, nullptr, H, T, d.z, buf_.z, VD, GemmEpi::Store, s);
+  gemm(buf_.h16, nullptr, H, T, d.b, buf_.b, Hv, GemmEpi::Store, s);
+  gemm(buf_.h16, nullptr, H, T, d.a, buf_.a, Hv, GemmEpi::Store, s);
+  PrefillConvArgs cv;
+  cv.T = T;
+  cv.C = C;
+  cv.x = buf_.qkv;
+  cv.ldx = C;
+  cv.w = d.conv_w;
+  cv.state = sq.conv[size_t(l)];
+  cv.u = buf_.u;
+  prefill_conv(cv, s);
+  PrefillGdnArgs g;
+  g.T = T;
+  g.u = buf_.u;
+  g.ldu = C;
+  g.b = buf_.b;
+  g.a = buf_.a;
+  g.ldb = g.lda = Hv;
+  g.A_log = d.A_log;
+  g.dt_bias = d.dt_bias;
+  g.state = sq.rec[size_t(l)];
+  g.o = buf_.o;
+  g.scratch = buf_.gdn;
+  g.Hk = c.linear_num_key_heads;
+  g.Hv = Hv;
+  g.dk = c.linear_key_head_dim;
+  g.dv = c.linear_value_head_dim;
+  prefill_gdn(g, s);
+  PrefillGatedNormArgs gn;
+  gn.rows = T * Hv;
+  gn.n = c.linear_value_head_dim;
+  gn.o = buf_.o;
+  gn.z = buf_.z;
+  gn.w = d.gnorm;
+  gn.eps = c.rms_norm_eps;
+  gn.y16 = buf_.y16;
+  prefill_gated_norm(gn, s);
+  gemm(buf_.y16, nullptr, VD, T, d.out, buf_.x, H, GemmEpi::Residual, s);
+}
+
+void PrefillStep::attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int64_t T,
+                             cudaStream_t s) {
+  const ModelConfig& c = m_.cfg;
+  const int64_t H = c.hidden_size, D = c.head_dim;
+  const int64_t QG = int64_t(c.num_attention_heads) * 2 * D, KV = int64_t(c.num_kv_heads) * D,
+                AO = int64_t(c.num_attention_heads) * D;
+  gemm(buf_.h16, nullptr, H, T, d.q, buf_.qg, QG, GemmEpi::Store, s);
+  gemm(buf_.h16, nullptr, H, T, d.k, buf_.k, KV, GemmEpi::Store, s);
+  gemm(buf_.h16, nullptr, H, T, d.v, buf_.v, KV, GemmEpi::Store, s);
+  PrefillAttnArgs a;
+  a.T = T;
+  a.pos0 = pos0;
+  a.capacity = sq.capacity;
+  a.qg = buf_.qg;
+  a.k = buf_.k;
+  a.v = buf_.v;
+  a.q_norm = d.q_norm;
+  a.k_norm = d.k_norm;
+  a.eps = c.rms_norm_eps;
+  a.rope_theta = c.rope_theta;
+  a.qbuf = buf_.qbuf;
+  a.kcache = sq.kc[size_t(l)];
+  a.vcache = sq.vc[size_t(l)];
+  a.out = buf_.attn;
+  a.gated = true;
+  a.heads = c.num_attention_heads;
+  a.kv_heads = c.num_kv_heads;
+  a.head_dim = c.head_dim;
+  a.rotary_dim = c.rotary_dim;
+  prefill_attn(a, s);
+  gemm(nullptr, buf_.attn, AO, T, d.o, buf_.x, H, GemmEpi::Residual, s);
+}
+
+void PrefillStep::moe_layer(const DLayer& d, int64_t T, cudaStream_t s) {
+  const ModelConfig& c = m_.cfg;
+  const int64_t H = c.hidden_size;
+  norm(buf_.x, d.post_norm, T, buf_.hn, nullptr, s);
+  // Router logits in exact fp32 (the decode GEMV's and the CPU's numbers up to summation order).
+  PrefillGemmF32Args r;
+  r.M = T;
+  r.N = c.num_experts;
+  r.K = H;
+  r.A = buf_.hn;
+  r.lda = H;
+  r.W = d.router;
+  r.C = moe_.logits;
+  r.ldc = c.num_experts;
+  prefill_gemm_f32(r, s);
+  MoePrefillWeights w;
+  w.router = d.router;
+  w.gate = d.gate;
+  w.up = d.up;
+  w.down = d.down;
+  w.shared_gate = d.sh_gate;
+  w.shared_up = d.sh_up;
+  w.shared_down = d.sh_down;
+  w.shared_expert_gate = d.sh_egate;
+  w.E = c.num_experts;
+  w.topk = c.num_experts_per_tok;
+  w.hidden = H;
+  w.I = c.moe_intermediate_size;
+  w.Is = c.shared_expert_intermediate_size;
+  moe_prefill(w, buf_.hn, T, moe_, buf_.x, /*accumulate=*/true, s);
+}
+
+// Logits of the chunk's last row: final norm, then lm_head in exact fp32 (as the decode GEMV).
+void PrefillStep::last_logits(int64_t T, float* host, cudaStream_t s) {
+  const ModelConfig& c = m_.cfg;
+  const int64_t H = c.hidden_size;
+  norm(buf_.x + (T - 1) * H, m_.final_norm, 1, buf_.hn, nullptr, s);
+  PrefillGemmF32Args g;
+  g.M = 1;
+  g.N = c.vocab_size;
+  g.K = H;
+  g.A = buf_.hn;
+  g.lda = H;
+  g.W = m_.lm_head;
+  g.C = buf_.logits;
+  g.ldc = c.vocab_size;
+  prefill_gemm_f32(g, s);
+  KCUDA(cudaMemcpyAsync(host, buf_.logits, size_t(c.vocab_size) * 4, cudaMemcpyDeviceToHost, s));
+}
+
+// Logits of every row of the chunk: final norm (bf16), lm_head on tensor cores in blocks of
+// kLogitRows rows, each block copied to the host.
+void PrefillStep::all_logits(int64_t T, float* host, cudaStream_t s) {
+  const ModelConfig& c = m_.cfg;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  norm(buf_.x, m_.final_norm, T, nullptr, buf_.h16, s);
+  for (int64_t r0 = 0; r0 < T; r0 += kLogitRows) {
+    const int64_t rows = std::min(kLogitRows, T - r0);
+    gemm(buf_.h16 + r0 * H, nullptr, H, rows, m_.lm_head, buf_.logits, V, GemmEpi::Store, s);
+    KCUDA(cudaMemcpyAsync(host + r0 * V, buf_.logits, size_t(rows * V) * 4, cudaMemcpyDeviceToHost, s));
+  }
+}
+
+}  // namespace kestrel::cuda

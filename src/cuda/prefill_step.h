@@ -1,0 +1,96 @@
+// The prompt (prefill) driver of the CUDA backend: runs a sequence's new tokens through the model
+// in chunks of up to max_chunk tokens with the multi-token kernels (prefill.h, prefill_ops.h),
+// leaving exactly the per-sequence state the decode graph continues from (DSeq: conv windows, GDN
+// states, KV cache rows pos0.., history, d_len / d_pos / d_token, host length).
+//
+// Per chunk of T tokens at positions pos0..pos0+T-1 (docs/kernels/prefill_kernels.md):
+//   x = embed[history[pos0..]]
+//   per layer: h = rmsnorm(x, input_norm) (bf16)
+//     GDN:  qkv|z|b|a = h W^T; u = silu(conv(qkv)) (window carried); o = delta rule (chunk 64,
+//           state carried); y = gnorm * rmsnorm(o) * silu(z) (per head); x += y out^T
+//     attn: qg|k|v = h W^T; q/k norm + RoPE, k/v appended to the cache, causal flash attention with
+//           the sigmoid gate; x += attn o^T
+//     MoE:  hn = rmsnorm(x, post_norm); router logits hn R^T (exact fp32); x += moe(hn)
+//   last chunk: logits = rmsnorm(x[T-1], final_norm) lm_head^T (exact fp32, as decode), or, with
+//   all_logits, every row of every chunk through the tensor-core GEMM in blocks of kLogitRows.
+// Scratch is allocated once, at construction, for max_chunk tokens; nothing is allocated per
+// step. Inside a chunk nothing synchronises the host; the logits copies at the end do.
+// Host-compiled .cpp only.
+#pragma once
+#include "cuda/device_model.h"
+#include "cuda/prefill.h"
+#include "engine/engine.h"
+
+#include <cstdint>
+#include <span>
+
+namespace kestrel::cuda {
+
+constexpr int64_t kPrefillMaxChunk = 8192;  // tokens per chunk (issue 7)
+constexpr int64_t kLogitRows = 128;          // all_logits: lm_head rows per block (device buffer)
+
+// Scratch bytes of the driver for chunks of max_chunk tokens of this config.
+size_t prefill_step_scratch_bytes(const ModelConfig& c, int64_t max_chunk);
+
+class PrefillStep {
+ public:
+  PrefillStep(const DModel& m, int64_t max_chunk);
+  PrefillStep(const PrefillStep&) = delete;
+  PrefillStep& operator=(const PrefillStep&) = delete;
+
+  int64_t max_chunk() const { return max_chunk_; }
+  size_t scratch_bytes() const { return arena_.bytes(); }
+
+  // Appends `tokens` (validated by the caller: ids in range, capacity) to sequence sq and writes
+  // the logits of the last token, or of every token with all_logits, to host memory `logits`
+  // ([1 or tokens.size(), vocab] floats). Returns when the logits are on the host.
+  void run(DSeq& sq, std::span<const int32_t> tokens, bool all_logits, float* logits, cudaStream_t s);
+
+ private:
+  struct Buffers {
+    float* x;          // [Tm, hidden] residual stream
+    uint16_t* h16;     // [Tm, hidden] normed mixer input, bf16 (also final norm, all_logits)
+    float* hn;         // [Tm, hidden] normed MoE input, fp32 (also final norm, last row)
+    // GDN
+    float* qkv;        // [Tm, conv_dim] pre-conv projections
+    float* u;          // [Tm, conv_dim] post-conv q|k|v
+    float* z;          // [Tm, value_dim]
+    float* b;          // [Tm, Hv]
+    float* a;          // [Tm, Hv]
+    float* o;          // [Tm, value_dim] delta-rule output
+    uint16_t* y16;     // [Tm, value_dim] gated-norm output, bf16
+    float* gdn;        // prefill_gdn_scratch_bytes(Tm, Hv)
+    // attention
+    float* qg;         // [Tm, heads * 2 * head_dim]
+    float* k;          // [Tm, kv_heads * head_dim]
+    float* v;          // [Tm, kv_heads * head_dim]
+    uint16_t* qbuf;    // [Tm, heads * head_dim] bf16
+    float* attn;       // [Tm, heads * head_dim]
+    // logits
+    float* logits;     // [kLogitRows, vocab]
+  };
+
+  void chunk(DSeq& sq, int64_t pos0, int64_t T, cudaStream_t s);
+  void gdn_layer(const DLayer& d, DSeq& sq, int l, int64_t T, cudaStream_t s);
+  void attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int64_t T, cudaStream_t s);
+  void moe_layer(const DLayer& d, int64_t T, cudaStream_t s);
+  void norm(const float* x, const float* w, int64_t T, float* y, uint16_t* y16, cudaStream_t s);
+  void gemm(const uint16_t* a16, const float* a, int64_t lda, int64_t T, const DMat& W, float* c,
+            int64_t ldc, GemmEpi epi, cudaStream_t s);
+  void last_logits(int64_t T, float* host, cudaStream_t s);
+  void all_logits(int64_t T, float* host, cudaStream_t s);
+
+  const DModel& m_;
+  int64_t max_chunk_;
+  DeviceArena arena_;
+  Buffers buf_{};
+  MoePrefillScratch moe_{};
+};
+
+// Test / tuning hooks of a CUDA backend (defined in cuda_backend.cpp): the prompt chunk size
+// (1..kPrefillMaxChunk; rebuilds the driver and its scratch; default kPrefillMaxChunk) and the
+// driver's scratch bytes (0 before the first multi-token step).
+void set_prefill_max_chunk(Backend& b, int64_t max_chunk);
+size_t prefill_scratch_bytes(const Backend& b);
+
+}  // namespace kestrel::cuda
