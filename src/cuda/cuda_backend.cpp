@@ -458,6 +458,7 @@ class CudaBackend final : public Backend {
     prefill_chunk_ = n;
   }
   size_t prefill_bytes() const { return prefill_ ? prefill_->scratch_bytes() : 0; }
+  void poison_prefill() { prefill().poison(s_); }
 
   // ---- greedy fast path
   std::vector<int32_t> greedy(SeqId id, int32_t first, int max_new,
@@ -919,6 +920,7 @@ double load_seconds(const Backend& b) { return as_cuda(b).model().load_s; }
 size_t weight_bytes(const Backend& b) { return as_cuda(b).model().weight_bytes; }
 void set_prefill_max_chunk(Backend& b, int64_t max_chunk) { as_cuda(b).set_prefill_chunk(max_chunk); }
 size_t prefill_scratch_bytes(const Backend& b) { return as_cuda(b).prefill_bytes(); }
+void poison_prefill_scratch(Backend& b) { as_cuda(b).poison_prefill(); }
 
 }  // namespace cuda
 

@@ -84,40 +84,44 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
                 m.lm_head.rows, c.vocab_size);
   prefill_init();
   const ScratchPlan p(c, max_chunk);
-  auto& A = arena_;
-  buf_.x = A.alloc_n<float>(p.x);
-  buf_.h16 = A.alloc_n<uint16_t>(p.h16);
-  buf_.hn = A.alloc_n<float>(p.hn);
-  buf_.qkv = A.alloc_n<float>(p.qkv);
-  buf_.u = A.alloc_n<float>(p.u);
-  buf_.z = A.alloc_n<float>(p.z);
-  buf_.b = A.alloc_n<float>(p.b);
-  buf_.a = A.alloc_n<float>(p.a);
-  buf_.o = A.alloc_n<float>(p.o);
-  buf_.y16 = A.alloc_n<uint16_t>(p.y16);
-  buf_.gdn = static_cast<float*>(A.alloc(p.gdn_bytes));
-  buf_.qg = A.alloc_n<float>(p.qg);
-  buf_.k = A.alloc_n<float>(p.k);
-  buf_.v = A.alloc_n<float>(p.v);
-  buf_.qbuf = A.alloc_n<uint16_t>(p.qbuf);
-  buf_.attn = A.alloc_n<float>(p.attn);
-  buf_.logits = A.alloc_n<float>(p.logits);
-  moe_.logits = A.alloc_n<float>(p.moe_logits);
-  moe_.topk_idx = A.alloc_n<int>(p.moe_slots);
-  moe_.topk_w = A.alloc_n<float>(p.moe_slots);
-  moe_.counts = A.alloc_n<int>(p.moe_e1);
-  moe_.group_off = A.alloc_n<int>(p.moe_e1);
-  moe_.tile_off = A.alloc_n<int>(p.moe_e1);
-  moe_.sorted = A.alloc_n<int>(p.moe_slots);
-  moe_.h16 = A.alloc_n<uint16_t>(p.moe_h16);
-  moe_.act = A.alloc_n<uint16_t>(p.moe_act);
-  moe_.slot_out = A.alloc_n<float>(p.moe_slot_out);
-  moe_.sact = A.alloc_n<uint16_t>(p.moe_sact);
-  moe_.shared = A.alloc_n<float>(p.moe_shared);
-  moe_.sgate = A.alloc_n<float>(p.moe_sgate);
+  buf_.x = take<float>(p.x);
+  buf_.h16 = take<uint16_t>(p.h16);
+  buf_.hn = take<float>(p.hn);
+  buf_.qkv = take<float>(p.qkv);
+  buf_.u = take<float>(p.u);
+  buf_.z = take<float>(p.z);
+  buf_.b = take<float>(p.b);
+  buf_.a = take<float>(p.a);
+  buf_.o = take<float>(p.o);
+  buf_.y16 = take<uint16_t>(p.y16);
+  buf_.gdn = take<float>(p.gdn_bytes / 4);
+  buf_.qg = take<float>(p.qg);
+  buf_.k = take<float>(p.k);
+  buf_.v = take<float>(p.v);
+  buf_.qbuf = take<uint16_t>(p.qbuf);
+  buf_.attn = take<float>(p.attn);
+  buf_.logits = take<float>(p.logits);
+  moe_.logits = take<float>(p.moe_logits);
+  moe_.topk_idx = take<int>(p.moe_slots);
+  moe_.topk_w = take<float>(p.moe_slots);
+  moe_.counts = take<int>(p.moe_e1);
+  moe_.group_off = take<int>(p.moe_e1);
+  moe_.tile_off = take<int>(p.moe_e1);
+  moe_.sorted = take<int>(p.moe_slots);
+  moe_.h16 = take<uint16_t>(p.moe_h16);
+  moe_.act = take<uint16_t>(p.moe_act);
+  moe_.slot_out = take<float>(p.moe_slot_out);
+  moe_.sact = take<uint16_t>(p.moe_sact);
+  moe_.shared = take<float>(p.moe_shared);
+  moe_.sgate = take<float>(p.moe_sgate);
   moe_.router_logits_given = true;
   KESTREL_CHECK(arena_.bytes() == p.bytes(), "prefill: scratch plan {} B but {} B allocated", p.bytes(),
                 arena_.bytes());
+}
+
+void PrefillStep::poison(cudaStream_t s) {
+  for (const auto& [p, bytes] : allocs_) KCUDA(cudaMemsetAsync(p, 0xff, bytes, s));
+  KCUDA(cudaStreamSynchronize(s));
 }
 
 void PrefillStep::run(DSeq& sq, std::span<const int32_t> tokens, bool all_logits, float* logits,

@@ -23,6 +23,8 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
+#include <vector>
 
 namespace kestrel::cuda {
 
@@ -40,6 +42,9 @@ class PrefillStep {
 
   int64_t max_chunk() const { return max_chunk_; }
   size_t scratch_bytes() const { return arena_.bytes(); }
+  // Tests: fills every scratch buffer with 0xff bytes (NaN floats, -1 ints), so a value read
+  // before it is written shows up.
+  void poison(cudaStream_t s);
 
   // Appends `tokens` (validated by the caller: ids in range, capacity) to sequence sq and writes
   // the logits of the last token, or of every token with all_logits, to host memory `logits`
@@ -80,17 +85,27 @@ class PrefillStep {
   void last_logits(int64_t T, float* host, cudaStream_t s);
   void all_logits(int64_t T, float* host, cudaStream_t s);
 
+  template <class T>
+  T* take(size_t n) {
+    void* p = arena_.alloc(n * sizeof(T));
+    allocs_.emplace_back(p, n * sizeof(T));
+    return static_cast<T*>(p);
+  }
+
   const DModel& m_;
   int64_t max_chunk_;
   DeviceArena arena_;
+  std::vector<std::pair<void*, size_t>> allocs_;
   Buffers buf_{};
   MoePrefillScratch moe_{};
 };
 
 // Test / tuning hooks of a CUDA backend (defined in cuda_backend.cpp): the prompt chunk size
 // (1..kPrefillMaxChunk; rebuilds the driver and its scratch; default kPrefillMaxChunk) and the
-// driver's scratch bytes (0 before the first multi-token step).
+// driver's scratch bytes (0 before the first multi-token step); poison_prefill_scratch creates the
+// driver if needed and fills its scratch with 0xff bytes (tests).
 void set_prefill_max_chunk(Backend& b, int64_t max_chunk);
 size_t prefill_scratch_bytes(const Backend& b);
+void poison_prefill_scratch(Backend& b);
 
 }  // namespace kestrel::cuda
