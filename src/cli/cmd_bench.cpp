@@ -4,6 +4,12 @@
 // Each record: kind=decode, weights, context, tok_per_s (from the median step time of >= 64 graph
 // replays after warm-up), achieved_gb_per_s (bytes the step must move / median step time),
 // floor_tok_per_s at 4.0 TB/s and the fraction reached, gpu, git_sha, date.
+//   kestrel bench --synthetic q4|bf16 --prefill 512,4096,32768,131072 [--prefill-runs 3]
+// Prompt (prefill) speed instead: each prompt of random tokens through the backend's real step
+// (Backend::step on a fresh sequence, last-token logits back on the host: the time to first
+// token), wall-clock; one untimed warm-up prompt first, then the median of --prefill-runs runs
+// for prompts up to 8192 tokens and one run for longer ones. Records: kind=prefill, weights,
+// prompt_tokens, tok_per_s, achieved_tflops (see prefill_flops), ttft_ms, gpu, git_sha, date.
 #include "cli/commands.h"
 #include "core/check.h"
 #include "engine/engine.h"
@@ -11,6 +17,7 @@
 #if defined(KESTREL_HAS_CUDA)
 #include "cuda/cuda_backend.h"
 #include "cuda/kernels.h"
+#include "cuda/prefill_step.h"
 
 #include <cuda_runtime.h>
 #endif
@@ -21,9 +28,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cmath>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -41,6 +50,8 @@ struct BenchOpts {
   uint64_t seed = 1;
   std::string pdl = "both";  // programmatic dependent launch: on | off | both
   std::string gemv = "1";    // GEMV route for M = 1: 1 | 2 | both
+  std::string prefill;       // prompt lengths: run the prefill benchmark instead of decode
+  int prefill_runs = 3;      // timed runs per prompt of <= 8192 tokens (one for longer)
 };
 
 constexpr double kBandwidth = 4.0e12;  // measured H200 ceiling (performance.md §0.1), bytes/s
@@ -64,12 +75,12 @@ constexpr double kBandwidth = 4.0e12;  // measured H200 ceiling (performance.md 
   return s.empty() ? "unknown" : s;
 }
 
-[[maybe_unused]] std::vector<int64_t> parse_list(const std::string& s) {
+[[maybe_unused]] std::vector<int64_t> parse_list(const std::string& s, const char* flag = "--contexts") {
   std::vector<int64_t> v;
   std::stringstream ss(s);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    KESTREL_CHECK(!item.empty(), "--contexts: empty entry in '{}'", s);
+    KESTREL_CHECK(!item.empty(), "{}: empty entry in '{}'", flag, s);
     size_t used = 0;
     long long x = 0;
     try {
@@ -77,12 +88,121 @@ constexpr double kBandwidth = 4.0e12;  // measured H200 ceiling (performance.md 
     } catch (const std::exception&) {
       used = 0;
     }
-    KESTREL_CHECK(used == item.size() && x >= 0, "--contexts: '{}' is not a token count", item);
+    KESTREL_CHECK(used == item.size() && x >= 0, "{}: '{}' is not a token count", flag, item);
     v.push_back(x);
   }
-  KESTREL_CHECK(!v.empty(), "--contexts: no contexts given");
+  KESTREL_CHECK(!v.empty(), "{}: no values given", flag);
   return v;
 }
+
+// Work of a T-token prompt from an empty cache, in FLOPs (2 per multiply-add): every weight GEMM
+// of every token with the top-k routed experts (GDN / attention projections, router, k experts,
+// shared expert and its gate; active parameters without embedding and lm_head), lm_head for the
+// last position only, and causal attention (Q K^T and P V over T (T + 1) / 2 query-key pairs per
+// head). Not counted: the GDN chunked delta rule, conv, norms, routing, softmax.
+[[maybe_unused]] double prefill_flops(const kestrel::ModelConfig& c, int64_t T) {
+  const double H = c.hidden_size, D = c.head_dim, nh = c.num_attention_heads, kv = c.num_kv_heads;
+  double per_token = 0, attn_layers = 0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    if (c.is_full(l)) {
+      per_token += (nh * 2 * D + 2 * kv * D) * H + H * nh * D;
+      attn_layers += 1;
+    } else {
+      per_token += (double(c.gdn_conv_dim()) + double(c.gdn_value_dim()) + 2.0 * c.linear_num_value_heads) * H +
+                   H * double(c.gdn_value_dim());
+    }
+    per_token += double(c.num_experts) * H + double(c.num_experts_per_tok) * 3.0 * c.moe_intermediate_size * H +
+                 3.0 * c.shared_expert_intermediate_size * H + H;
+  }
+  const double pairs = double(T) * double(T + 1) / 2.0;
+  return 2.0 * per_token * double(T) + 2.0 * double(c.vocab_size) * H + attn_layers * 4.0 * nh * D * pairs;
+}
+
+#if defined(KESTREL_HAS_CUDA)
+void run_prefill_bench(const BenchOpts& o, kestrel::Backend& b, const std::string& weights,
+                       const std::string& gpu, const std::string& sha, const std::string& date) {
+  using namespace kestrel;
+  const auto prompts = parse_list(o.prefill, "--prefill");
+  KESTREL_CHECK(o.prefill_runs >= 1, "bench: --prefill-runs {}", o.prefill_runs);
+  const ModelConfig& c = b.config();
+  for (int64_t n : prompts)
+    KESTREL_CHECK(n >= 2 && n < c.max_position_embeddings,
+                  "--prefill: prompt {} outside 2..{} (one-token steps are decode)", n,
+                  c.max_position_embeddings - 1);
+  std::mt19937 g(uint32_t(o.seed));
+  auto prompt_of = [&](int64_t n) {
+    std::vector<int32_t> p(static_cast<size_t>(n));
+    for (auto& t : p) t = int32_t(g() % uint32_t(c.vocab_size));
+    return p;
+  };
+  // One prompt: a fresh sequence (allocated outside the timing), Backend::step with the last
+  // token's logits back on the host.
+  auto time_prompt = [&](const std::vector<int32_t>& p) {
+    const SeqId s = b.create_sequence(int64_t(p.size()) + 1);
+    StepRequest r{s, p, false};
+    StepResult res;
+    const auto t0 = std::chrono::steady_clock::now();
+    b.step({&r, 1}, {&res, 1});
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (float v : res.logits)
+      KESTREL_CHECK(std::isfinite(v), "bench: non-finite logit after a {}-token prompt", p.size());
+    b.free_sequence(s);
+    return t;
+  };
+  {
+    const auto warm = prompt_of(std::min<int64_t>(prompts.front(), 4096));
+    const double t = time_prompt(warm);
+    std::fprintf(stderr, "bench: warm-up prompt of %zu tokens %.1f ms (prefill scratch %.2f GB)\n",
+                 warm.size(), t * 1e3, double(cuda::prefill_scratch_bytes(b)) / 1e9);
+  }
+  nlohmann::json records = nlohmann::json::array();
+  std::printf("%-8s %9s %5s %11s %11s %10s %9s\n", "weights", "prompt", "runs", "ttft_ms", "tok/s",
+              "TFLOP/s", "of 778");
+  for (int64_t n : prompts) {
+    const int runs = n <= cuda::kPrefillMaxChunk ? o.prefill_runs : 1;
+    const auto p = prompt_of(n);
+    std::vector<double> t;
+    for (int i = 0; i < runs; ++i) t.push_back(time_prompt(p));
+    std::sort(t.begin(), t.end());
+    const double med = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+    const double flops = prefill_flops(c, n), tflops = flops / med / 1e12;
+    std::printf("%-8s %9lld %5d %11.2f %11.1f %10.1f %8.1f%%\n", weights.c_str(), (long long)n, runs,
+                med * 1e3, double(n) / med, tflops, 100.0 * tflops / 778.0);
+    std::fflush(stdout);
+    records.push_back({{"kind", "prefill"},
+                       {"weights", weights},
+                       {"prompt_tokens", n},
+                       {"tok_per_s", double(n) / med},
+                       {"achieved_tflops", tflops},
+                       {"ttft_ms", med * 1e3},
+                       {"ttft_ms_min", t.front() * 1e3},
+                       {"ttft_ms_max", t.back() * 1e3},
+                       {"runs", runs},
+                       {"flops", flops},
+                       {"flops_counted",
+                        "2 per multiply-add: every token's weight GEMMs with the top-k experts (GDN/attention "
+                        "projections, router, experts, shared expert and gate), lm_head for the last "
+                        "position, causal attention QK^T and PV over T(T+1)/2 pairs per head; the GDN delta "
+                        "rule, conv, norms and routing not counted"},
+                       {"measured", "wall clock of Backend::step on a fresh sequence (tokens in, last-token "
+                                    "logits on the host); median after one warm-up prompt"},
+                       {"chunk_tokens", cuda::kPrefillMaxChunk},
+                       {"prefill_scratch_bytes", cuda::prefill_scratch_bytes(b)},
+                       {"layers", c.num_layers},
+                       {"gpu", gpu},
+                       {"git_sha", sha},
+                       {"date", date}});
+  }
+  std::filesystem::create_directories(o.out_dir);
+  std::string stamp = date;
+  std::replace(stamp.begin(), stamp.end(), ':', '-');
+  const auto path = std::filesystem::path(o.out_dir) / ("prefill-" + weights + "-" + stamp + ".json");
+  std::ofstream f(path);
+  KESTREL_CHECK(f.good(), "bench: cannot write {}", path.string());
+  f << records.dump(2) << "\n";
+  std::fprintf(stderr, "bench: wrote %s\n", path.string().c_str());
+}
+#endif
 
 void run_bench(const BenchOpts& o) {
 #if !defined(KESTREL_HAS_CUDA)
@@ -123,6 +243,10 @@ void run_bench(const BenchOpts& o) {
   const std::string sha = git_sha(), date = utc_now();
   std::fprintf(stderr, "bench: %s weights %.2f GB on %s (ready in %.1f s)\n", weights.c_str(),
                double(cuda::weight_bytes(*b)) / 1e9, gpu.c_str(), build_s);
+  if (!o.prefill.empty()) {
+    run_prefill_bench(o, *b, weights, gpu, sha, date);
+    return;
+  }
 
   KESTREL_CHECK(o.pdl == "on" || o.pdl == "off" || o.pdl == "both", "--pdl {} (on, off or both)", o.pdl);
   KESTREL_CHECK(o.gemv == "1" || o.gemv == "2" || o.gemv == "both", "--gemv {} (1, 2 or both)", o.gemv);
@@ -204,6 +328,9 @@ void setup_bench(CLI::App& root) {
   c->add_option("--seed", o->seed, "Synthetic weights seed");
   c->add_option("--pdl", o->pdl, "Programmatic dependent launch: on, off or both (one record each)");
   c->add_option("--gemv", o->gemv, "GEMV route for M = 1: 1, 2 or both (one record each)");
+  c->add_option("--prefill", o->prefill,
+                "Comma-separated prompt lengths: benchmark prompts (prefill) instead of decode");
+  c->add_option("--prefill-runs", o->prefill_runs, "Timed runs per prompt of <= 8192 tokens (median)");
   c->callback([o] { run_bench(*o); });
 }
 

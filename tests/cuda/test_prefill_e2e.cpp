@@ -7,8 +7,8 @@
 //     300 tokens in one chunk at the default chunk size (the all-logits GEMM in 128-row blocks).
 //   * Prefill (65 tokens, two chunks) then 256 decode steps vs the same prompt fed token by token
 //     through the decode graph, teacher-forced with the decode-only argmax: logits within 1e-2,
-//     argmax equal wherever decisive; the first 16 steps also against the CPU; then the graph-greedy
-//     path from both states equal up to the first near-tie.
+//     argmax equal wherever decisive (top-2 gap > 1e-2 of the top logit); the first 16 steps also
+//     against the CPU; then the graph-greedy path from both states equal up to the first near-tie.
 // Models: random real-width models (3 GDN + 1 attention, 16 experts top-4) in bf16 and 4-bit (the
 // CPU backend reading the same 4-bit weights; 8-bit router), and the committed real-width fixture
 // (16 experts top-8) in bf16 and q4. The driver's scratch is poisoned (0xff) before every run.
@@ -157,7 +157,9 @@ void check_prefill_then_decode(Backend& cpu_b, Backend& gpu_b, const std::string
   int worst_at = -1, compared = 0;
   for (int s = 0; s < kSteps; ++s) {
     const int32_t t = int32_t(argmax_of(lb.data(), V));
-    const bool d = decisive(lb.data(), V, 1e-3f);
+    // Decisive: top-2 gap above 1e-2 of the top logit (the prefilled state was computed from
+    // bf16-rounded activations, ~1e-2 absolute on these logits; decode-vs-CPU uses 1e-3).
+    const bool d = decisive(lb.data(), V, 1e-2f);
     if (d) {
       EXPECT_EQ(argmax_of(la.data(), V), t) << what << ": decode step " << s
                                             << ": prefilled sequence's argmax differs (gap "

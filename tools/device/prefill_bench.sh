@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Prompt (prefill) benchmark of issue 7 on the GPU machine: `kestrel bench --synthetic q4|bf16
+# --prefill ...` through the real backend step on the full-size synthetic model (JSON records,
+# kind=prefill). Called by tools/gpu_check.sh when present (KESTREL_BIN, RESULTS set there), or by
+# hand from the repo root:
+#   bash tools/device/prefill_bench.sh            # KESTREL_BIN defaults to build-gpu/kestrel
+# Order: the short prompts of both formats first, then 32K, then 128K, one process each (the
+# synthetic model is rebuilt per process, a few seconds), so that an outer time limit cuts the
+# longest runs and keeps the records already written.
+set -uo pipefail
+BIN=${KESTREL_BIN:-build-gpu/kestrel}
+RES=${RESULTS:-${OUT:-/tmp/prefill-bench}}
+mkdir -p "$RES"
+[ -x "$BIN" ] || { echo "prefill_bench: no kestrel binary at $BIN" >&2; exit 1; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv 2>&1 | head -3
+rc=0
+run() {  # weights prompts timeout_s
+  local t0=$(date +%s)
+  timeout "$3" "$BIN" bench --synthetic "$1" --prefill "$2" --prefill-runs 3 --out "$RES" || {
+    echo "prefill_bench: $1 $2 failed or timed out (rc $?)"; rc=1; }
+  echo "prefill_bench: $1 $2 took $(( $(date +%s) - t0 )) s"
+}
+run q4 512,4096 60
+run bf16 512,4096 60
+run q4 32768 60
+run bf16 32768 60
+run q4 131072 120
+run bf16 131072 120
+ls -la "$RES"/prefill-*.json 2>/dev/null
+exit $rc
