@@ -8,7 +8,10 @@
 #      runs them ~100x slower);
 #   4. the decode benchmarks (kestrel bench, JSON records);
 # and writes everything under $OUT (one tarball, gpu_check.tar.gz, plus summary.txt).
-# Usage: tools/gpu_check.sh [--prebuilt DIR] [--quick] [--no-sanitizer] [--no-bench]
+# Usage: tools/gpu_check.sh [--prebuilt DIR] [--quick] [--no-sanitizer] [--no-bench] [--no-prefill-bench]
+#        tools/gpu_check.sh --only-prefill-bench   (build, if needed, then only the prompt benchmarks;
+#        a second call within the machine's warm period reuses build-gpu)
+#   KESTREL_GIT_SHA: pass the commit from the checkout (the device copy is not a git repository).
 #        tools/gpu_check.sh --pack BUILD_DIR DIR   (here: copy test_cuda, kestrel and the non-system
 #        shared libraries they need into DIR/bin, DIR/lib, for --prebuilt on the device)
 set -uo pipefail
@@ -19,6 +22,8 @@ PREBUILT=""
 QUICK=0
 SANITIZE=1
 BENCH=1
+PREFILL_BENCH=1
+TESTS=1
 if [ "${1:-}" = --pack ]; then
   B=$2; D=$3
   rm -rf "$D"; mkdir -p "$D/bin" "$D/lib"
@@ -36,6 +41,8 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=1; shift ;;
     --no-sanitizer) SANITIZE=0; shift ;;
     --no-bench) BENCH=0; shift ;;
+    --no-prefill-bench) PREFILL_BENCH=0; shift ;;
+    --only-prefill-bench) TESTS=0; SANITIZE=0; BENCH=0; PREFILL_BENCH=1; shift ;;
     *) echo "gpu_check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -44,6 +51,8 @@ mkdir -p "$W/results"
 SUMMARY=$W/summary.txt
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
+# Packed after every stage, so that a call stopped at its time limit still returns what was done.
+pack() { tar -czf "$OUT/gpu_check.tar.gz" -C "$OUT" gpu_check; cp "$SUMMARY" "$OUT/summary.txt"; }
 export PATH=/usr/local/cuda/bin:$PATH
 # The device image lacks PCRE2, utf8proc and cpp-httplib: carried as Debian packages (carry
 # ".devdeps"; see tools/device/env.sh).
@@ -93,25 +102,27 @@ else
   done
 fi
 
-if [ -n "$BIN" ]; then
+if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
   # ---- 2. tests
   T0=$(date +%s)
   FILTER='-PrefillBench*'  # the prefill stage benchmark runs from tools/device/prefill.sh
   [ "$QUICK" = 1 ] && FILTER='-*RealVocab*:*131072*:PrefillBench*'
-  timeout 150 "$BIN/test_cuda" --gtest_filter="$FILTER" --gtest_output=json:"$W/results/test_cuda.json" \
+  timeout 300 "$BIN/test_cuda" --gtest_filter="$FILTER" --gtest_output=json:"$W/results/test_cuda.json" \
     > "$W/test_cuda.log" 2>&1
   RC=$?
   note "tests: rc=$RC in $(( $(date +%s) - T0 )) s"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|Failure|error" "$W/test_cuda.log" | head -40 | tee -a "$SUMMARY"
+  pack
 
   # ---- 3. compute-sanitizer
   if [ "$SANITIZE" = 1 ]; then
     T0=$(date +%s)
     timeout 110 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
-      "$BIN/test_cuda" --gtest_filter='CudaGemv.FusedSegments*:CudaGemv.RejectsBadShapes:CudaGdn.Decode*:CudaBackend.MatchesCpuBackendQ4' \
+      "$BIN/test_cuda" --gtest_filter='CudaGemv.FusedSegments*:CudaGemv.RejectsBadShapes:CudaGdn.Decode*:CudaBackend.MatchesCpuBackendQ4:PrefillOps.*' \
       > "$W/sanitizer.log" 2>&1
     note "compute-sanitizer memcheck: rc=$? in $(( $(date +%s) - T0 )) s"
     grep -E "ERROR SUMMARY|========= (Invalid|Error)" "$W/sanitizer.log" | head -10 | tee -a "$SUMMARY"
+    pack
   fi
 
   # ---- 4. benchmarks
@@ -125,15 +136,15 @@ if [ -n "$BIN" ]; then
     timeout 60 "$BIN/kestrel" bench --synthetic bf16 --contexts 0,4096 --steps 128 --gemv both \
       --out "$W/results" > "$W/bench_bf16.log" 2>&1
     note "bench bf16: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_bf16.log" | tee -a "$SUMMARY"
-    # The prompt (prefill) benchmarks of issue 7, when present.
-    if [ -f tools/device/prefill_bench.sh ]; then
-      T0=$(date +%s)
-      KESTREL_BIN=$BIN/kestrel RESULTS=$W/results timeout 200 bash tools/device/prefill_bench.sh > "$W/bench_prefill.log" 2>&1
-      note "bench prefill: rc=$? in $(( $(date +%s) - T0 )) s"; tail -20 "$W/bench_prefill.log" | tee -a "$SUMMARY"
-    fi
+    pack
   fi
 fi
+# ---- 5. the prompt (prefill) benchmarks of issue 7
+if [ -n "$BIN" ] && [ "$PREFILL_BENCH" = 1 ]; then
+  T0=$(date +%s)
+  KESTREL_BIN=$BIN/kestrel RESULTS=$W/results timeout 420 bash tools/device/prefill_bench.sh > "$W/bench_prefill.log" 2>&1
+  note "bench prefill: rc=$? in $(( $(date +%s) - T0 )) s"; tail -30 "$W/bench_prefill.log" | tee -a "$SUMMARY"
+fi
 
-tar -czf "$OUT/gpu_check.tar.gz" -C "$OUT" gpu_check
-cp "$SUMMARY" "$OUT/summary.txt"
 note "== done $(date -u +%FT%TZ)"
+pack
