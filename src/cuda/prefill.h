@@ -8,8 +8,9 @@
 // wrappers at the end (prefill_gemm, moe_route, ...), which KESTREL_CHECK every precondition; they
 // are compiled by the host compiler only (nvcc cannot compile fmt 9's consteval format checks).
 //
-// Activations are fp32 (the CPU oracle's precision), converted to bf16 while staging; tensor-core
-// operands are bf16, accumulation fp32. Nothing here synchronises the host: every entry point is
+// Activations are fp32 (the CPU oracle's precision); the GEMM and attention split each fp32 operand
+// into two bf16 parts (hi + lo) for the tensor cores and keep quantised weights as exact integers,
+// so results match the fp32 oracle to accumulation order (see prefill_gemm.cu); accumulation fp32. Nothing here synchronises the host: every entry point is
 // asynchronous on its stream and graph-capturable (grid sizes depend only on host-known bounds).
 #pragma once
 #include "cuda/kernels.h"
@@ -32,7 +33,7 @@ enum class GemmEpi : uint8_t {
 struct PrefillGemmArgs {
   int64_t M = 0;              // rows (dense), or an upper bound on sum of group rows (grouped)
   int64_t N = 0, K = 0;       // per-group output width, reduction length (K % 64 == 0)
-  const float* A = nullptr;   // fp32 [*, lda] (rounded to bf16 while staged), or
+  const float* A = nullptr;   // fp32 [*, lda] (staged as hi + lo bf16 parts: exact), or
   const uint16_t* A16 = nullptr;  // bf16 [*, lda] (the same numbers at half the bytes)
   int64_t lda = 0;
   const int* a_rows = nullptr;  // optional [M]: A row of row m (gather), a_rows[m] / a_div
@@ -116,10 +117,9 @@ struct MoePrefillScratch {
   int* group_off = nullptr;   // [E+1]
   int* tile_off = nullptr;    // [E+1]
   int* sorted = nullptr;      // [T*topk]
-  uint16_t* h16 = nullptr;    // bf16 [T, hidden]: the input, converted once
-  uint16_t* act = nullptr;    // bf16 [T*topk, I]
+  float* act = nullptr;       // [T*topk, I]
   float* slot_out = nullptr;  // [T*topk, hidden]
-  uint16_t* sact = nullptr;   // bf16 [T, Is]
+  float* sact = nullptr;      // [T, Is]
   float* shared = nullptr;    // [T, hidden]
   float* sgate = nullptr;     // [T]
   // true: `logits` already holds the router logits [T, E] (the prompt driver computes them with
@@ -175,7 +175,7 @@ void prefill_gdn_launch(const PrefillGdnArgs& a, cudaStream_t s);
 // Causal flash attention of T new tokens at positions pos0..pos0+T-1 (head dim 256, GQA).
 // Prep: qg fp32 [T, heads*2D] raw q_proj (query then gate per head), k, v fp32 [T, kv_heads*D];
 // q/k RMSNorm (effective weights) + NeoX RoPE on the first rotary_dim dims at position pos0+t;
-// q (bf16, [T, heads, D]) to qbuf, k (normed, roped) and v to the bf16 caches
+// q (as bf16 hi + lo parts, [2, T, heads, D]) to qbuf, k (normed, roped) and v to the bf16 caches
 // [capacity, kv_heads, D] at rows pos0..pos0+T-1.
 // Attention: out[t, h, :] = softmax(q k^T / sqrt(D)) v over keys 0..pos0+t, times sigmoid(gate)
 // when gated; fp32 [T, heads*D].
@@ -188,7 +188,7 @@ struct PrefillAttnArgs {
   const float* k_norm = nullptr;
   float eps = 1e-6f;
   double rope_theta = 1e7;
-  uint16_t* qbuf = nullptr;     // bf16 [T, heads, D] scratch
+  uint16_t* qbuf = nullptr;     // bf16 [2, T, heads, D] scratch: q's hi parts, then its lo parts
   uint16_t* kcache = nullptr;   // bf16 [capacity, kv_heads, D]
   uint16_t* vcache = nullptr;
   float* out = nullptr;         // fp32 [T, heads*D]
@@ -277,7 +277,7 @@ inline void moe_prefill(const MoePrefillWeights& w, const float* h, int64_t T,
                 w.Is);
   KESTREL_CHECK(h && out, "moe_prefill: null input/output");
   auto al16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  KESTREL_CHECK(al16(h) && al16(out) && al16(sc.h16) && al16(sc.act) && al16(sc.slot_out) &&
+  KESTREL_CHECK(al16(h) && al16(out) && al16(sc.act) && al16(sc.slot_out) &&
                     (!sc.sact || al16(sc.sact)) && (!sc.shared || al16(sc.shared)),
                 "moe_prefill: h, out and the scratch buffers must be 16-byte aligned");
   prefill_check_mat(w.router, w.E, w.hidden, "moe_prefill router");
@@ -299,7 +299,7 @@ inline void moe_prefill(const MoePrefillWeights& w, const float* h, int64_t T,
     }
   }
   KESTREL_CHECK(sc.logits && sc.topk_idx && sc.topk_w && sc.counts && sc.group_off && sc.tile_off &&
-                    sc.sorted && sc.h16 && sc.act && sc.slot_out,
+                    sc.sorted && sc.act && sc.slot_out,
                 "moe_prefill: scratch buffer missing");
   KESTREL_CHECK(moe_max_tiles(T, w.topk, w.E) < 65536, "moe_prefill: T {} too large for one call", T);
   moe_prefill_launch(w, h, T, sc, out, accumulate, s);

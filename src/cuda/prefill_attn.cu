@@ -1,6 +1,8 @@
 // Causal flash attention for prefill (head dim 256, GQA), on tensor cores (mma.sync m16n8k16 bf16,
-// fp32 accumulate, online softmax in fp32, probabilities rounded to bf16 before P V as the
-// reference does). Prep kernel: q/k RMSNorm + NeoX partial RoPE, q to a bf16 buffer, k and v
+// fp32 accumulate, online softmax in fp32). q and the probabilities are fp32 numbers split into
+// bf16 hi + lo parts, both multiplied (K and V are exact: the bf16 cache), so the result matches
+// the fp32 oracle reading the same bf16 cache. Prep kernel: q/k RMSNorm + NeoX partial RoPE, q's
+// two parts to a bf16 buffer, k and v
 // appended to the bf16 KV cache in the decode layout [capacity, kv_heads, D]. Epilogue: 1/l and the
 // sigmoid output gate.
 //
@@ -21,6 +23,7 @@ constexpr int kThreads = 128;
 
 struct AttnSmem {
   uint16_t q[QT][DP];
+  uint16_t ql[QT][DP];
   uint16_t k[KT][DP];
   uint16_t v[KT][DP];
 };
@@ -35,6 +38,7 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a)
   const float* src;
   const float* w = nullptr;
   uint16_t* dst;
+  uint16_t* dst_lo = nullptr;
   int64_t t;
   if (row < nq) {
     t = row / a.heads;
@@ -42,6 +46,7 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a)
     src = a.qg + t * (int64_t(a.heads) * 2 * D) + int64_t(h) * 2 * D;
     w = a.q_norm;
     dst = a.qbuf + (t * a.heads + h) * D;
+    dst_lo = dst + a.T * a.heads * D;
   } else if (row < nq + nk) {
     const int64_t r = row - nq;
     t = r / a.kv_heads;
@@ -89,6 +94,14 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a)
   o.z = pf::pack_bf16(x[4], x[5]);
   o.w = pf::pack_bf16(x[6], x[7]);
   reinterpret_cast<uint4*>(dst)[lane] = o;
+  if (dst_lo) {
+    uint4 l;
+    l.x = pf::pack_bf16(x[0] - pf::bf16_lo(o.x), x[1] - pf::bf16_hi(o.x));
+    l.y = pf::pack_bf16(x[2] - pf::bf16_lo(o.y), x[3] - pf::bf16_hi(o.y));
+    l.z = pf::pack_bf16(x[4] - pf::bf16_lo(o.z), x[5] - pf::bf16_hi(o.z));
+    l.w = pf::pack_bf16(x[6] - pf::bf16_lo(o.w), x[7] - pf::bf16_hi(o.w));
+    reinterpret_cast<uint4*>(dst_lo)[lane] = l;
+  }
 }
 
 __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a) {
@@ -104,9 +117,13 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
   for (int i = tid; i < QT * (D / 8); i += kThreads) {
     const int r = i / (D / 8), c8 = i % (D / 8);
     const int64_t t = q0 + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (t < a.T) v = reinterpret_cast<const uint4*>(a.qbuf + (t * a.heads + h) * D)[c8];
+    uint4 v = make_uint4(0, 0, 0, 0), vl = make_uint4(0, 0, 0, 0);
+    if (t < a.T) {
+      v = reinterpret_cast<const uint4*>(a.qbuf + (t * a.heads + h) * D)[c8];
+      vl = reinterpret_cast<const uint4*>(a.qbuf + (a.T + t) * a.heads * D + int64_t(h) * D)[c8];
+    }
     *reinterpret_cast<uint4*>(&sm.q[r][8 * c8]) = v;
+    *reinterpret_cast<uint4*>(&sm.ql[r][8 * c8]) = vl;
   }
 
   float o[32][4];
@@ -141,14 +158,17 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
       for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
-      uint32_t af[4];
+      uint32_t af[4], afl[4];
       pf::ldsm_x4(af, &sm.q[warp * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
+      pf::ldsm_x4(afl, &sm.ql[warp * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
         uint32_t r[4];
         pf::ldsm_x4(r, &sm.k[np * 16 + (lane & 7) + (lane >> 4) * 8][ks * 16 + ((lane >> 3) & 1) * 8]);
         pf::mma_bf16(s[2 * np], af, r[0], r[1]);
         pf::mma_bf16(s[2 * np + 1], af, r[2], r[3]);
+        pf::mma_bf16(s[2 * np], afl, r[0], r[1]);
+        pf::mma_bf16(s[2 * np + 1], afl, r[2], r[3]);
       }
     }
     // Online softmax (base 2), causal mask.
@@ -192,17 +212,23 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
     // O += P V.
 #pragma unroll
     for (int kk = 0; kk < KT / 16; ++kk) {
-      uint32_t af[4];
+      uint32_t af[4], afl[4];
       af[0] = pf::pack_bf16(p[2 * kk][0], p[2 * kk][1]);
       af[1] = pf::pack_bf16(p[2 * kk][2], p[2 * kk][3]);
       af[2] = pf::pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
       af[3] = pf::pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+      afl[0] = pf::pack_bf16(p[2 * kk][0] - pf::bf16_lo(af[0]), p[2 * kk][1] - pf::bf16_hi(af[0]));
+      afl[1] = pf::pack_bf16(p[2 * kk][2] - pf::bf16_lo(af[1]), p[2 * kk][3] - pf::bf16_hi(af[1]));
+      afl[2] = pf::pack_bf16(p[2 * kk + 1][0] - pf::bf16_lo(af[2]), p[2 * kk + 1][1] - pf::bf16_hi(af[2]));
+      afl[3] = pf::pack_bf16(p[2 * kk + 1][2] - pf::bf16_lo(af[3]), p[2 * kk + 1][3] - pf::bf16_hi(af[3]));
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t r[4];
         pf::ldsm_x4_t(r, &sm.v[kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][dp * 16 + (lane >> 4) * 8]);
         pf::mma_bf16(o[2 * dp], af, r[0], r[1]);
         pf::mma_bf16(o[2 * dp + 1], af, r[2], r[3]);
+        pf::mma_bf16(o[2 * dp], afl, r[0], r[1]);
+        pf::mma_bf16(o[2 * dp + 1], afl, r[2], r[3]);
       }
     }
   }

@@ -5,8 +5,13 @@
 // Tiles: BM x 128 x 64 (BM = 64 or 128), 8 warps as 2 (rows) x 4 (columns), double-buffered shared
 // memory fed through registers: the next k-tile's global loads are in flight while the tensor cores
 // work on the current one. One k-tile is one affine group (64), so a W row's scale and bias are
-// one pair per tile. A (fp32 activations) is rounded to bf16 while staged; no dequantised copy of
-// W exists anywhere in global memory.
+// one pair per tile; no dequantised copy of W exists anywhere in global memory.
+//
+// Exactness (the CPU oracle computes in fp32): an fp32 A is staged as two bf16 planes, hi = bf16(a)
+// and lo = bf16(a - hi) (a = hi + lo to about 2^-17 relative), and both go through the tensor
+// cores. A Q4/Q8 weight is staged as its exact integer q; per k-tile (one affine group) the
+// products P = sum_k q A are accumulated apart and folded in as acc += s P + b sum_k A, with the row
+// sums of A taken in fp32 while staging. So the only rounding left is fp32 accumulation order.
 #include "cuda/common.cuh"
 #include "cuda/prefill.h"
 #include "cuda/prefill_mma.h"
@@ -21,8 +26,11 @@ constexpr int kThreads = 256;
 
 template <int BM>
 struct GemmSmem {
-  uint16_t a[2][BM][SK];
-  uint16_t b[2][BN][SK];
+  uint16_t a[2][BM][SK];   // A hi (or the bf16 A)
+  uint16_t al[2][BM][SK];  // A lo (fp32 A only)
+  uint16_t b[2][BN][SK];   // W (bf16), or q as exact bf16 integers (Q4/Q8)
+  float ws[2][BN], wb[2][BN];  // Q4/Q8: the k-tile's scale and bias of each staged W row
+  float asum[2][BM];           // Q4/Q8: the k-tile's sum of A of each row (fp32)
 };
 
 template <DFmt F>
@@ -67,7 +75,7 @@ __device__ __forceinline__ void b_store(const BStage<F>& st, uint16_t* dst) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float q0 = float((w[i] >> (8 * j)) & 15u), q1 = float((w[i] >> (8 * j + 4)) & 15u);
-        o[j] = pf::pack_bf16(fmaf(q0, st.s, st.b), fmaf(q1, st.s, st.b));
+        o[j] = pf::pack_bf16(q0, q1);  // exact
       }
       d[i] = make_uint4(o[0], o[1], o[2], o[3]);
     }
@@ -80,10 +88,8 @@ __device__ __forceinline__ void b_store(const BStage<F>& st, uint16_t* dst) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const uint32_t x = w[2 * i + j];
-        o[2 * j] = pf::pack_bf16(fmaf(float(x & 255u), st.s, st.b),
-                                 fmaf(float((x >> 8) & 255u), st.s, st.b));
-        o[2 * j + 1] = pf::pack_bf16(fmaf(float((x >> 16) & 255u), st.s, st.b),
-                                     fmaf(float(x >> 24), st.s, st.b));
+        o[2 * j] = pf::pack_bf16(float(x & 255u), float((x >> 8) & 255u));  // exact integers
+        o[2 * j + 1] = pf::pack_bf16(float((x >> 16) & 255u), float(x >> 24));
       }
       d[i] = make_uint4(o[0], o[1], o[2], o[3]);
     }
@@ -91,7 +97,7 @@ __device__ __forceinline__ void b_store(const BStage<F>& st, uint16_t* dst) {
 }
 
 template <int BM, DFmt F, bool SILU, bool A16>
-__global__ void __launch_bounds__(kThreads, A16 ? 2 : 1) gemm_kernel(const PrefillGemmArgs p) {
+__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const PrefillGemmArgs p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<GemmSmem<BM>*>(smem_raw);
   constexpr int MT = BM / 32;        // m16 tiles per warp (a warp covers BM/2 rows)
@@ -178,20 +184,43 @@ __global__ void __launch_bounds__(kThreads, A16 ? 2 : 1) gemm_kernel(const Prefi
                         : make_uint4(0, 0, 0, 0);
     b_load<F>(breg, wrow, srow, brow, kt, bh, bvalid);
   };
+  constexpr bool QW = F != DFmt::BF16;
   auto store_tile = [&](int buf) {
 #pragma unroll
     for (int i = 0; i < AR; ++i) {
       const int r = (tid >> ASH) + (kThreads >> ASH) * i;
+      float part;
       if constexpr (A16) {
         *reinterpret_cast<uint4*>(&sm.a[buf][r][8 * ac]) = areg[i];
+        if constexpr (QW) {
+          const uint32_t w[4] = {areg[i].x, areg[i].y, areg[i].z, areg[i].w};
+          part = 0.f;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) part += pf::bf16_lo(w[j]) + pf::bf16_hi(w[j]);
+        }
       } else {
-        const uint2 v = make_uint2(
-            pf::pack_bf16(__uint_as_float(areg[i].x), __uint_as_float(areg[i].y)),
-            pf::pack_bf16(__uint_as_float(areg[i].z), __uint_as_float(areg[i].w)));
-        *reinterpret_cast<uint2*>(&sm.a[buf][r][4 * ac]) = v;
+        const float x0 = __uint_as_float(areg[i].x), x1 = __uint_as_float(areg[i].y);
+        const float x2 = __uint_as_float(areg[i].z), x3 = __uint_as_float(areg[i].w);
+        const uint32_t h01 = pf::pack_bf16(x0, x1), h23 = pf::pack_bf16(x2, x3);
+        const uint32_t l01 = pf::pack_bf16(x0 - pf::bf16_lo(h01), x1 - pf::bf16_hi(h01));
+        const uint32_t l23 = pf::pack_bf16(x2 - pf::bf16_lo(h23), x3 - pf::bf16_hi(h23));
+        *reinterpret_cast<uint2*>(&sm.a[buf][r][4 * ac]) = make_uint2(h01, h23);
+        *reinterpret_cast<uint2*>(&sm.al[buf][r][4 * ac]) = make_uint2(l01, l23);
+        if constexpr (QW) part = (x0 + x1) + (x2 + x3);
+      }
+      if constexpr (QW) {  // the row's sum over the k-tile: its 1 << ASH threads are adjacent lanes
+#pragma unroll
+        for (int o = 1; o < (1 << ASH); o <<= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+        if (ac == 0) sm.asum[buf][r] = part;
       }
     }
     b_store<F>(breg, &sm.b[buf][br][32 * bh]);
+    if constexpr (QW) {
+      if (bh == 0) {
+        sm.ws[buf][br] = breg.s;
+        sm.wb[buf][br] = breg.b;
+      }
+    }
   };
 
   float acc[MT][4][4];
@@ -208,12 +237,27 @@ __global__ void __launch_bounds__(kThreads, A16 ? 2 : 1) gemm_kernel(const Prefi
   for (int kt = 0; kt < KT; ++kt) {
     const int buf = kt & 1;
     if (kt + 1 < KT) load_tile(kt + 1);
+    // Q4/Q8: this k-tile's integer products apart (folded in with the scale and bias below);
+    // bf16 weights accumulate straight into acc (tq unused, eliminated).
+    float tq[MT][4][4];
+    if constexpr (QW) {
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) tq[i][j][e] = 0.f;
+    }
+    float(&dst)[MT][4][4] = QW ? tq : acc;
 #pragma unroll
     for (int ks = 0; ks < BK / 16; ++ks) {
-      uint32_t af[MT][4];
+      uint32_t af[MT][4], afl[A16 ? 1 : MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-        pf::ldsm_x4(af[mt], &sm.a[buf][wm * (BM / 2) + mt * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
+      for (int mt = 0; mt < MT; ++mt) {
+        const int ar = wm * (BM / 2) + mt * 16 + (lane & 15), acol = ks * 16 + (lane >> 4) * 8;
+        pf::ldsm_x4(af[mt], &sm.a[buf][ar][acol]);
+        if constexpr (!A16) pf::ldsm_x4(afl[mt], &sm.al[buf][ar][acol]);
+      }
       uint32_t bfr[4][2];
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
@@ -228,7 +272,32 @@ __global__ void __launch_bounds__(kThreads, A16 ? 2 : 1) gemm_kernel(const Prefi
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) pf::mma_bf16(acc[mt][nt], af[mt], bfr[nt][0], bfr[nt][1]);
+        for (int nt = 0; nt < 4; ++nt) {
+          pf::mma_bf16(dst[mt][nt], af[mt], bfr[nt][0], bfr[nt][1]);
+          if constexpr (!A16) pf::mma_bf16(dst[mt][nt], afl[mt], bfr[nt][0], bfr[nt][1]);
+        }
+    }
+    if constexpr (QW) {  // acc += s * (q . A) + b * sum(A), per W row (column) and A row
+      float cs[4][2], cb[4][2], rs[MT][2];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int n = wn * 32 + nt * 8 + 2 * (lane & 3) + e;
+          cs[nt][e] = sm.ws[buf][n];
+          cb[nt][e] = sm.wb[buf][n];
+        }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) rs[mt][hh] = sm.asum[buf][wm * (BM / 2) + mt * 16 + (lane >> 2) + 8 * hh];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            acc[mt][nt][e] = fmaf(cs[nt][e & 1], tq[mt][nt][e], fmaf(cb[nt][e & 1], rs[mt][e >> 1], acc[mt][nt][e]));
     }
     if (kt + 1 < KT) store_tile(buf ^ 1);
     __syncthreads();
@@ -529,7 +598,8 @@ void prefill_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s) {
   }
   // Dense: 128-row tiles when they still fill the machine, else 64.
   const int64_t ncols = a.epi == GemmEpi::SiluMul ? (a.N + 63) / 64 : (a.N + BN - 1) / BN;
-  const bool big = a.M > 64 && ncols * ((a.M + 127) / 128) >= num_sms();
+  // Q4/Q8 keep a second accumulator set per k-tile: 64-row tiles only (registers).
+  const bool big = a.W.fmt == DFmt::BF16 && a.M > 64 && ncols * ((a.M + 127) / 128) >= num_sms();
   if (big) dispatch_bm<128>(a, s);
   else dispatch_bm<64>(a, s);
 }
@@ -554,15 +624,13 @@ void moe_combine_launch(const MoeCombineArgs& a, cudaStream_t s) {
 void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
                         const MoePrefillScratch& sc, float* out, bool accumulate, cudaStream_t s) {
   const int64_t slots = T * w.topk;
-  // The input once in bf16 (the GEMMs round it to bf16 anyway: same numbers, half the bytes).
-  prefill_to_bf16_launch(h, T, w.hidden, w.hidden, sc.h16, w.hidden, s);
   // Router logits (unless the caller computed them).
   if (!sc.router_logits_given) {
     PrefillGemmArgs g;
     g.M = T;
     g.N = w.E;
     g.K = w.hidden;
-    g.A16 = sc.h16;
+    g.A = h;
     g.lda = w.hidden;
     g.W = w.router;
     g.C = sc.logits;
@@ -587,14 +655,14 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   gu.M = slots;
   gu.N = w.I;
   gu.K = w.hidden;
-  gu.A16 = sc.h16;
+  gu.A = h;
   gu.lda = w.hidden;
   gu.a_rows = sc.sorted;
   gu.a_div = w.topk;
   gu.W = w.gate;
   gu.W2 = w.up;
   gu.epi = GemmEpi::SiluMul;
-  gu.C16 = sc.act;
+  gu.C = sc.act;
   gu.ldc = w.I;
   gu.groups = w.E;
   gu.group_off = sc.group_off;
@@ -606,7 +674,7 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   dn.M = slots;
   dn.N = w.hidden;
   dn.K = w.I;
-  dn.A16 = sc.act;
+  dn.A = sc.act;
   dn.lda = w.I;
   dn.W = w.down;
   dn.C = sc.slot_out;
@@ -625,19 +693,19 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
     sg.M = T;
     sg.N = w.Is;
     sg.K = w.hidden;
-    sg.A16 = sc.h16;
+    sg.A = h;
     sg.lda = w.hidden;
     sg.W = w.shared_gate;
     sg.W2 = w.shared_up;
     sg.epi = GemmEpi::SiluMul;
-    sg.C16 = sc.sact;
+    sg.C = sc.sact;
     sg.ldc = w.Is;
     prefill_gemm_launch(sg, s);
     PrefillGemmArgs sd;
     sd.M = T;
     sd.N = w.hidden;
     sd.K = w.Is;
-    sd.A16 = sc.sact;
+    sd.A = sc.sact;
     sd.lda = w.Is;
     sd.W = w.shared_down;
     sd.C = sc.shared;
@@ -648,7 +716,7 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
       sgt.M = T;
       sgt.N = 1;
       sgt.K = w.hidden;
-      sgt.A16 = sc.h16;
+      sgt.A = h;
       sgt.lda = w.hidden;
       sgt.W = w.shared_expert_gate;
       sgt.C = sc.sgate;

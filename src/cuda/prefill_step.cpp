@@ -15,10 +15,11 @@ struct ScratchPlan {
   // fp32 buffers
   size_t x, hn, qkv, u, z, b, a, o, qg, k, v, attn, logits;
   size_t gdn_bytes;
+  size_t y;
   // bf16 buffers
-  size_t h16, y16, qbuf;
+  size_t qbuf;
   // MoE
-  size_t moe_logits, moe_slots, moe_e1, moe_h16, moe_act, moe_slot_out, moe_sact, moe_shared, moe_sgate;
+  size_t moe_logits, moe_slots, moe_e1, moe_act, moe_slot_out, moe_sact, moe_shared, moe_sgate;
 
   ScratchPlan(const ModelConfig& c, int64_t Tm) {
     const size_t T = size_t(Tm), H = size_t(c.hidden_size);
@@ -28,25 +29,23 @@ struct ScratchPlan {
     const size_t E = size_t(c.num_experts), K = size_t(c.num_experts_per_tok);
     x = T * H;
     hn = T * H;
-    h16 = T * H;
     qkv = T * C;
     u = T * C;
     z = T * VD;
     b = T * Hv;
     a = T * Hv;
     o = T * VD;
-    y16 = T * VD;
+    y = T * VD;
     gdn_bytes = prefill_gdn_scratch_bytes(Tm, int(Hv));
     qg = T * nh * 2 * D;
     k = T * kv * D;
     v = T * kv * D;
-    qbuf = T * nh * D;
+    qbuf = 2 * T * nh * D;  // hi and lo parts
     attn = T * nh * D;
     logits = size_t(std::max<int64_t>(kLogitRows, 1)) * size_t(c.vocab_size);
     moe_logits = T * E;
     moe_slots = T * K;
     moe_e1 = E + 1;
-    moe_h16 = T * H;
     moe_act = T * K * size_t(c.moe_intermediate_size);
     moe_slot_out = T * K * H;
     moe_sact = T * size_t(c.shared_expert_intermediate_size);
@@ -55,9 +54,9 @@ struct ScratchPlan {
   }
   size_t bytes() const {
     const size_t f32 = x + hn + qkv + u + z + b + a + o + qg + k + v + attn + logits + moe_logits +
-                       moe_slots /* topk_w */ + moe_slot_out + moe_shared + moe_sgate;
+                       moe_slots /* topk_w */ + moe_slot_out + moe_shared + moe_sgate + y + moe_act + moe_sact;
     const size_t i32 = 2 * moe_slots /* topk_idx, sorted */ + 3 * moe_e1 /* counts, offsets */;
-    const size_t b16 = h16 + y16 + qbuf + moe_h16 + moe_act + moe_sact;
+    const size_t b16 = qbuf;
     return 4 * f32 + 4 * i32 + 2 * b16 + gdn_bytes;
   }
 };
@@ -85,7 +84,6 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   prefill_init();
   const ScratchPlan p(c, max_chunk);
   buf_.x = take<float>(p.x);
-  buf_.h16 = take<uint16_t>(p.h16);
   buf_.hn = take<float>(p.hn);
   buf_.qkv = take<float>(p.qkv);
   buf_.u = take<float>(p.u);
@@ -93,7 +91,7 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   buf_.b = take<float>(p.b);
   buf_.a = take<float>(p.a);
   buf_.o = take<float>(p.o);
-  buf_.y16 = take<uint16_t>(p.y16);
+  buf_.y = take<float>(p.y);
   buf_.gdn = take<float>(p.gdn_bytes / 4);
   buf_.qg = take<float>(p.qg);
   buf_.k = take<float>(p.k);
@@ -108,10 +106,9 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   moe_.group_off = take<int>(p.moe_e1);
   moe_.tile_off = take<int>(p.moe_e1);
   moe_.sorted = take<int>(p.moe_slots);
-  moe_.h16 = take<uint16_t>(p.moe_h16);
-  moe_.act = take<uint16_t>(p.moe_act);
+  moe_.act = take<float>(p.moe_act);
   moe_.slot_out = take<float>(p.moe_slot_out);
-  moe_.sact = take<uint16_t>(p.moe_sact);
+  moe_.sact = take<float>(p.moe_sact);
   moe_.shared = take<float>(p.moe_shared);
   moe_.sgate = take<float>(p.moe_sgate);
   moe_.router_logits_given = true;
@@ -165,7 +162,7 @@ void PrefillStep::chunk(DSeq& sq, int64_t pos0, int64_t T, cudaStream_t s) {
   prefill_embed(em, s);
   for (int l = 0; l < c.num_layers; ++l) {
     const DLayer& d = m_.layers[size_t(l)];
-    norm(buf_.x, d.input_norm, T, nullptr, buf_.h16, s);
+    norm(buf_.x, d.input_norm, T, buf_.hn, nullptr, s);
     if (d.kind == LayerKind::LinearAttention)
       gdn_layer(d, sq, l, T, s);
     else
@@ -212,10 +209,10 @@ void PrefillStep::gdn_layer(const DLayer& d, DSeq& sq, int l, int64_t T, cudaStr
   const ModelConfig& c = m_.cfg;
   const int64_t H = c.hidden_size, C = c.gdn_conv_dim(), VD = c.gdn_value_dim();
   const int Hv = c.linear_num_value_heads;
-  gemm(buf_.h16, nullptr, H, T, d.qkv, buf_.qkv, C, GemmEpi::Store, s);
-  gemm(buf_.h16, nullptr, H, T, d.z, buf_.z, VD, GemmEpi::Store, s);
-  gemm(buf_.h16, nullptr, H, T, d.b, buf_.b, Hv, GemmEpi::Store, s);
-  gemm(buf_.h16, nullptr, H, T, d.a, buf_.a, Hv, GemmEpi::Store, s);
+  gemm(nullptr, buf_.hn, H, T, d.qkv, buf_.qkv, C, GemmEpi::Store, s);
+  gemm(nullptr, buf_.hn, H, T, d.z, buf_.z, VD, GemmEpi::Store, s);
+  gemm(nullptr, buf_.hn, H, T, d.b, buf_.b, Hv, GemmEpi::Store, s);
+  gemm(nullptr, buf_.hn, H, T, d.a, buf_.a, Hv, GemmEpi::Store, s);
   PrefillConvArgs cv;
   cv.T = T;
   cv.C = C;
@@ -249,9 +246,9 @@ void PrefillStep::gdn_layer(const DLayer& d, DSeq& sq, int l, int64_t T, cudaStr
   gn.z = buf_.z;
   gn.w = d.gnorm;
   gn.eps = c.rms_norm_eps;
-  gn.y16 = buf_.y16;
+  gn.y = buf_.y;
   prefill_gated_norm(gn, s);
-  gemm(buf_.y16, nullptr, VD, T, d.out, buf_.x, H, GemmEpi::Residual, s);
+  gemm(nullptr, buf_.y, VD, T, d.out, buf_.x, H, GemmEpi::Residual, s);
 }
 
 void PrefillStep::attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int64_t T,
@@ -260,9 +257,9 @@ void PrefillStep::attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int
   const int64_t H = c.hidden_size, D = c.head_dim;
   const int64_t QG = int64_t(c.num_attention_heads) * 2 * D, KV = int64_t(c.num_kv_heads) * D,
                 AO = int64_t(c.num_attention_heads) * D;
-  gemm(buf_.h16, nullptr, H, T, d.q, buf_.qg, QG, GemmEpi::Store, s);
-  gemm(buf_.h16, nullptr, H, T, d.k, buf_.k, KV, GemmEpi::Store, s);
-  gemm(buf_.h16, nullptr, H, T, d.v, buf_.v, KV, GemmEpi::Store, s);
+  gemm(nullptr, buf_.hn, H, T, d.q, buf_.qg, QG, GemmEpi::Store, s);
+  gemm(nullptr, buf_.hn, H, T, d.k, buf_.k, KV, GemmEpi::Store, s);
+  gemm(nullptr, buf_.hn, H, T, d.v, buf_.v, KV, GemmEpi::Store, s);
   PrefillAttnArgs a;
   a.T = T;
   a.pos0 = pos0;
@@ -337,15 +334,15 @@ void PrefillStep::last_logits(int64_t T, float* host, cudaStream_t s) {
   KCUDA(cudaMemcpyAsync(host, buf_.logits, size_t(c.vocab_size) * 4, cudaMemcpyDeviceToHost, s));
 }
 
-// Logits of every row of the chunk: final norm (bf16), lm_head on tensor cores in blocks of
+// Logits of every row of the chunk: final norm, lm_head on tensor cores in blocks of
 // kLogitRows rows, each block copied to the host.
 void PrefillStep::all_logits(int64_t T, float* host, cudaStream_t s) {
   const ModelConfig& c = m_.cfg;
   const int64_t H = c.hidden_size, V = c.vocab_size;
-  norm(buf_.x, m_.final_norm, T, nullptr, buf_.h16, s);
+  norm(buf_.x, m_.final_norm, T, buf_.hn, nullptr, s);
   for (int64_t r0 = 0; r0 < T; r0 += kLogitRows) {
     const int64_t rows = std::min(kLogitRows, T - r0);
-    gemm(buf_.h16 + r0 * H, nullptr, H, rows, m_.lm_head, buf_.logits, V, GemmEpi::Store, s);
+    gemm(nullptr, buf_.hn + r0 * H, H, rows, m_.lm_head, buf_.logits, V, GemmEpi::Store, s);
     KCUDA(cudaMemcpyAsync(host + r0 * V, buf_.logits, size_t(rows * V) * 4, cudaMemcpyDeviceToHost, s));
   }
 }

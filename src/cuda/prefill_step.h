@@ -5,7 +5,7 @@
 //
 // Per chunk of T tokens at positions pos0..pos0+T-1 (docs/kernels/prefill_kernels.md):
 //   x = embed[history[pos0..]]
-//   per layer: h = rmsnorm(x, input_norm) (bf16)
+//   per layer: h = rmsnorm(x, input_norm) (in hn)
 //     GDN:  qkv|z|b|a = h W^T; u = silu(conv(qkv)) (window carried); o = delta rule (chunk 64,
 //           state carried); y = gnorm * rmsnorm(o) * silu(z) (per head); x += y out^T
 //     attn: qg|k|v = h W^T; q/k norm + RoPE, k/v appended to the cache, causal flash attention with
@@ -54,7 +54,6 @@ class PrefillStep {
  private:
   struct Buffers {
     float* x;          // [Tm, hidden] residual stream
-    uint16_t* h16;     // [Tm, hidden] normed mixer input, bf16 (also final norm, all_logits)
     float* hn;         // [Tm, hidden] normed MoE input, fp32 (also final norm, last row)
     // GDN
     float* qkv;        // [Tm, conv_dim] pre-conv projections
@@ -63,13 +62,13 @@ class PrefillStep {
     float* b;          // [Tm, Hv]
     float* a;          // [Tm, Hv]
     float* o;          // [Tm, value_dim] delta-rule output
-    uint16_t* y16;     // [Tm, value_dim] gated-norm output, bf16
+    float* y;          // [Tm, value_dim] gated-norm output
     float* gdn;        // prefill_gdn_scratch_bytes(Tm, Hv)
     // attention
     float* qg;         // [Tm, heads * 2 * head_dim]
     float* k;          // [Tm, kv_heads * head_dim]
     float* v;          // [Tm, kv_heads * head_dim]
-    uint16_t* qbuf;    // [Tm, heads * head_dim] bf16
+    uint16_t* qbuf;    // [2, Tm, heads * head_dim] bf16: q's hi and lo parts
     float* attn;       // [Tm, heads * head_dim]
     // logits
     float* logits;     // [kLogitRows, vocab]

@@ -338,9 +338,8 @@ void run_moe(const MoeSet& ms, int64_t T, bool one_direction, uint32_t seed) {
   const int64_t S = T * 8;
   auto logits = poisoned(size_t(T * E));
   DevRoute r(T, ms.E, 8);
-  auto act = poisoned16(size_t(S * I)), slot_out = poisoned(size_t(S * H));
-  auto sact = poisoned16(size_t(T * Is)), shared = poisoned(size_t(T * H)), sgt = poisoned(size_t(T));
-  auto h16 = poisoned16(size_t(T * H));
+  auto act = poisoned(size_t(S * I)), slot_out = poisoned(size_t(S * H));
+  auto sact = poisoned(size_t(T * Is)), shared = poisoned(size_t(T * H)), sgt = poisoned(size_t(T));
   MoePrefillScratch sc;
   sc.logits = logits->as<float>();
   sc.topk_idx = r.a.topk_idx;
@@ -349,10 +348,9 @@ void run_moe(const MoeSet& ms, int64_t T, bool one_direction, uint32_t seed) {
   sc.group_off = r.a.group_off;
   sc.tile_off = r.a.tile_off;
   sc.sorted = r.a.sorted;
-  sc.h16 = h16->as<uint16_t>();
-  sc.act = act->as<uint16_t>();
+  sc.act = act->as<float>();
   sc.slot_out = slot_out->as<float>();
-  sc.sact = sact->as<uint16_t>();
+  sc.sact = sact->as<float>();
   sc.shared = shared->as<float>();
   sc.sgate = sgt->as<float>();
   auto dh = to_dev(h);
@@ -544,7 +542,7 @@ void run_attn(int64_t T, int64_t pos0, uint32_t seed) {
 
   auto dqg = to_dev(qg), dk = to_dev(kr), dv = to_dev(vr), dqn = to_dev(qn), dkn = to_dev(kn);
   auto dkc = to_dev(kc), dvc = to_dev(vc);
-  auto dq = std::make_unique<DevBuf>(size_t(T * H * D) * 2);
+  auto dq = std::make_unique<DevBuf>(size_t(2 * T * H * D) * 2);  // hi and lo parts
   auto dout = poisoned(want.size());
   PrefillAttnArgs a;
   a.T = T;
