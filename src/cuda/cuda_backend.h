@@ -1,8 +1,8 @@
 // The CUDA backend (sm_90a, one GPU): weights uploaded once in their checkpoint formats (BF16, or
 // affine Q4/Q8 in the MLX layout), fp32 activations, bf16 KV cache, fp32 GDN state. Decode runs
 // ~6 kernels per layer (fused norms, projections, conv, residuals; see docs/kernels/decode.md).
-// Prompts (multi-token steps) currently loop the decode path token by token: prefill kernels are
-// issue 7 (files src/cuda/prefill_*.cu) and will plug into CudaBackend::step.
+// Prompts (multi-token steps) go through the prompt driver (src/cuda/prefill_step.cpp: chunked
+// tensor-core GEMMs, chunked DeltaNet, flash attention) feeding the same per-sequence state.
 #pragma once
 #include "engine/engine.h"
 
