@@ -7,8 +7,11 @@
 #   3. compute-sanitizer memcheck on the test binary (the full-size cases filtered out: memcheck
 #      runs them ~100x slower);
 #   4. the decode benchmarks (kestrel bench, JSON records);
+#   5. the prompt benchmarks (tools/device/prefill_bench.sh, both GEMM routes);
+#   6. per-kernel profiles of a decode step and a 4K prompt (tools/device/profile.sh, Nsight
+#      Compute; summaries by kernel in profile/summary_*.txt);
 # and writes everything under $OUT (one tarball, gpu_check.tar.gz, plus summary.txt).
-# Usage: tools/gpu_check.sh [--prebuilt DIR] [--quick] [--no-sanitizer] [--no-bench] [--no-prefill-bench]
+# Usage: tools/gpu_check.sh [--prebuilt DIR] [--quick] [--no-sanitizer] [--no-bench] [--no-prefill-bench] [--no-profile]
 #        tools/gpu_check.sh --only-prefill-bench   (build, if needed, then only the prompt benchmarks;
 #        a second call within the machine's warm period reuses build-gpu)
 #   KESTREL_GIT_SHA: pass the commit from the checkout (the device copy is not a git repository).
@@ -23,6 +26,7 @@ QUICK=0
 SANITIZE=1
 BENCH=1
 PREFILL_BENCH=1
+PROFILE=1
 TESTS=1
 if [ "${1:-}" = --pack ]; then
   B=$2; D=$3
@@ -42,7 +46,8 @@ while [ $# -gt 0 ]; do
     --no-sanitizer) SANITIZE=0; shift ;;
     --no-bench) BENCH=0; shift ;;
     --no-prefill-bench) PREFILL_BENCH=0; shift ;;
-    --only-prefill-bench) TESTS=0; SANITIZE=0; BENCH=0; PREFILL_BENCH=1; shift ;;
+    --no-profile) PROFILE=0; shift ;;
+    --only-prefill-bench) TESTS=0; SANITIZE=0; BENCH=0; PREFILL_BENCH=1; PROFILE=0; shift ;;
     *) echo "gpu_check: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -144,6 +149,14 @@ if [ -n "$BIN" ] && [ "$PREFILL_BENCH" = 1 ]; then
   T0=$(date +%s)
   KESTREL_BIN=$BIN/kestrel RESULTS=$W/results timeout 420 bash tools/device/prefill_bench.sh > "$W/bench_prefill.log" 2>&1
   note "bench prefill: rc=$? in $(( $(date +%s) - T0 )) s"; tail -30 "$W/bench_prefill.log" | tee -a "$SUMMARY"
+  pack
+fi
+# ---- 6. per-kernel profiles (needs build-gpu/kestrel: not with --prebuilt)
+if [ -z "$PREBUILT" ] && [ -n "$BIN" ] && [ "$PROFILE" = 1 ] && [ -x build-gpu/kestrel ]; then
+  T0=$(date +%s)
+  OUT=$W timeout 240 bash tools/device/profile.sh --prebuilt > "$W/profile.log" 2>&1
+  note "profile: rc=$? in $(( $(date +%s) - T0 )) s"
+  for f in "$W"/profile/summary_*.txt; do [ -f "$f" ] && { echo "-- $(basename "$f")"; head -14 "$f"; } | tee -a "$SUMMARY"; done
 fi
 
 note "== done $(date -u +%FT%TZ)"

@@ -52,6 +52,7 @@ struct BenchOpts {
   std::string gemv = "1";    // GEMV route for M = 1: 1 | 2 | both
   std::string prefill;       // prompt lengths: run the prefill benchmark instead of decode
   int prefill_runs = 3;      // timed runs per prompt of <= 8192 tokens (one for longer)
+  std::string prefill_aprec = "f16";  // GEMM route of fp32 activations: f16 | split | both
 };
 
 constexpr double kBandwidth = 4.0e12;  // measured H200 ceiling (performance.md §0.1), bytes/s
@@ -155,10 +156,19 @@ void run_prefill_bench(const BenchOpts& o, kestrel::Backend& b, const std::strin
     std::fprintf(stderr, "bench: warm-up prompt of %zu tokens %.1f ms (prefill scratch %.2f GB)\n",
                  warm.size(), t * 1e3, double(cuda::prefill_scratch_bytes(b)) / 1e9);
   }
+  KESTREL_CHECK(o.prefill_aprec == "f16" || o.prefill_aprec == "split" || o.prefill_aprec == "both",
+                "--prefill-aprec {} (f16, split or both)", o.prefill_aprec);
+  std::vector<cuda::PrefillAPrec> routes;
+  if (o.prefill_aprec != "split") routes.push_back(cuda::PrefillAPrec::F16);
+  if (o.prefill_aprec != "f16") routes.push_back(cuda::PrefillAPrec::Split);
   nlohmann::json records = nlohmann::json::array();
-  std::printf("%-8s %9s %5s %11s %11s %10s %9s\n", "weights", "prompt", "runs", "ttft_ms", "tok/s",
-              "TFLOP/s", "of 778");
+  std::printf("%-8s %6s %9s %5s %11s %11s %10s %9s %6s\n", "weights", "aprec", "prompt", "runs", "ttft_ms",
+              "tok/s", "TFLOP/s", "of 778", "redos");
+  for (const cuda::PrefillAPrec route : routes)
   for (int64_t n : prompts) {
+    cuda::set_prefill_aprec(b, route);
+    const char* aprec = route == cuda::PrefillAPrec::F16 ? "f16" : "split";
+    const int64_t redos0 = cuda::prefill_range_redos(b);
     const int runs = n <= cuda::kPrefillMaxChunk ? o.prefill_runs : 1;
     const auto p = prompt_of(n);
     std::vector<double> t;
@@ -166,12 +176,16 @@ void run_prefill_bench(const BenchOpts& o, kestrel::Backend& b, const std::strin
     std::sort(t.begin(), t.end());
     const double med = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
     const double flops = prefill_flops(c, n), tflops = flops / med / 1e12;
-    std::printf("%-8s %9lld %5d %11.2f %11.1f %10.1f %8.1f%%\n", weights.c_str(), (long long)n, runs,
-                med * 1e3, double(n) / med, tflops, 100.0 * tflops / 778.0);
+    const int64_t redos = cuda::prefill_range_redos(b) - redos0;
+    std::printf("%-8s %6s %9lld %5d %11.2f %11.1f %10.1f %8.1f%% %6lld\n", weights.c_str(), aprec,
+                (long long)n, runs, med * 1e3, double(n) / med, tflops, 100.0 * tflops / 778.0,
+                (long long)redos);
     std::fflush(stdout);
     records.push_back({{"kind", "prefill"},
                        {"weights", weights},
                        {"prompt_tokens", n},
+                       {"aprec", aprec},
+                       {"range_redos", redos},
                        {"tok_per_s", double(n) / med},
                        {"achieved_tflops", tflops},
                        {"ttft_ms", med * 1e3},
@@ -331,6 +345,8 @@ void setup_bench(CLI::App& root) {
   c->add_option("--prefill", o->prefill,
                 "Comma-separated prompt lengths: benchmark prompts (prefill) instead of decode");
   c->add_option("--prefill-runs", o->prefill_runs, "Timed runs per prompt of <= 8192 tokens (median)");
+  c->add_option("--prefill-aprec", o->prefill_aprec,
+                "GEMM route of fp32 activations in prompts: f16, split (exact) or both (one record each)");
   c->callback([o] { run_bench(*o); });
 }
 

@@ -448,9 +448,20 @@ class CudaBackend final : public Backend {
 
   // ---- prompt driver (created on the first multi-token step; scratch allocated once then)
   PrefillStep& prefill() {
-    if (!prefill_) prefill_ = std::make_unique<PrefillStep>(*m_, prefill_chunk_);
+    if (!prefill_) {
+      prefill_ = std::make_unique<PrefillStep>(*m_, prefill_chunk_);
+      if (prefill_route_set_) prefill_->set_aprec(prefill_aprec_, prefill_f16_limit_);
+    }
     return *prefill_;
   }
+  void set_prefill_route(PrefillAPrec p, float f16_limit) {
+    KCUDA(cudaStreamSynchronize(s_));
+    prefill().set_aprec(p, f16_limit);  // validates
+    prefill_route_set_ = true;
+    prefill_aprec_ = p;
+    prefill_f16_limit_ = f16_limit;
+  }
+  int64_t prefill_redos() const { return prefill_ ? prefill_->range_redos() : 0; }
   void set_prefill_chunk(int64_t n) {
     KESTREL_CHECK(n >= 1 && n <= kPrefillMaxChunk, "prefill chunk {} outside 1..{}", n, kPrefillMaxChunk);
     KCUDA(cudaStreamSynchronize(s_));
@@ -825,6 +836,9 @@ class CudaBackend final : public Backend {
   unsigned long long* ring_ = nullptr;      // pinned [4]
   cudaEvent_t ring_ev_[4] = {};
   int64_t prefill_chunk_ = kPrefillMaxChunk;
+  bool prefill_route_set_ = false;  // set_prefill_aprec called: overrides KESTREL_PREFILL_APREC
+  PrefillAPrec prefill_aprec_ = PrefillAPrec::F16;
+  float prefill_f16_limit_ = kF16Max;
   std::unique_ptr<PrefillStep> prefill_;  // after m_: destroyed first (it refers to *m_)
 };
 
@@ -921,6 +935,10 @@ size_t weight_bytes(const Backend& b) { return as_cuda(b).model().weight_bytes; 
 void set_prefill_max_chunk(Backend& b, int64_t max_chunk) { as_cuda(b).set_prefill_chunk(max_chunk); }
 size_t prefill_scratch_bytes(const Backend& b) { return as_cuda(b).prefill_bytes(); }
 void poison_prefill_scratch(Backend& b) { as_cuda(b).poison_prefill(); }
+void set_prefill_aprec(Backend& b, PrefillAPrec p, float f16_limit) {
+  as_cuda(b).set_prefill_route(p, f16_limit);
+}
+int64_t prefill_range_redos(const Backend& b) { return as_cuda(b).prefill_redos(); }
 
 }  // namespace cuda
 

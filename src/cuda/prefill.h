@@ -8,9 +8,10 @@
 // wrappers at the end (prefill_gemm, moe_route, ...), which KESTREL_CHECK every precondition; they
 // are compiled by the host compiler only (nvcc cannot compile fmt 9's consteval format checks).
 //
-// Activations are fp32 (the CPU oracle's precision); the GEMM and attention split each fp32 operand
-// into two bf16 parts (hi + lo) for the tensor cores and keep quantised weights as exact integers,
-// so results match the fp32 oracle to accumulation order (see prefill_gemm.cu); accumulation fp32. Nothing here synchronises the host: every entry point is
+// Activations are fp32 (the CPU oracle's precision). The GEMM keeps quantised weights as exact
+// integers and takes fp32 activations either as two bf16 parts (hi + lo: the oracle's numbers to
+// accumulation order) or as one fp16 plane (PrefillAPrec; see prefill_gemm.cu); attention splits
+// q and P into hi + lo; accumulation fp32. Nothing here synchronises the host: every entry point is
 // asynchronous on its stream and graph-capturable (grid sizes depend only on host-known bounds).
 #pragma once
 #include "cuda/kernels.h"
@@ -27,15 +28,28 @@ enum class GemmEpi : uint8_t {
   SiluMul,   // C[c_row(m), n] = scale(m) * silu(A W_gate^T)[m, n] * (A W_up^T)[m, n]  (W2 = up)
 };
 
+// How an fp32 A reaches the tensor cores (an explicit route, chosen by the caller):
+//   Split: two bf16 planes hi = bf16(a), lo = bf16(a - hi), both multiplied (a = hi + lo to about
+//          2^-17 relative: the fp32 oracle's numbers up to accumulation order; 2 MMAs per tile);
+//   F16:   one fp16 plane (2^-11 relative rounding, 1 MMA per tile); W is staged as fp16 too
+//          (Q4/Q8 integers exactly; bf16 weights exactly for |w| >= 2^-14, the rest as fp16
+//          subnormals). Finite |a| > 65504 does not fit fp16: such an element is staged as
+//          +-65504 and sets *range_flag, so that the caller can redo the work with Split.
+enum class PrefillAPrec : uint8_t { Split, F16 };
+constexpr float kF16Max = 65504.f;
+
 // Row groups (grouped / MoE GEMM): group g covers rows [group_off[g], group_off[g+1]) of the
 // (sorted) row space and uses weight rows [g * N, (g+1) * N) of W (and W2); tile_off[g] is the
 // prefix of ceil(rows_g / bm) over groups (device arrays, built by moe_route for bm = kPrefillBM).
 struct PrefillGemmArgs {
   int64_t M = 0;              // rows (dense), or an upper bound on sum of group rows (grouped)
   int64_t N = 0, K = 0;       // per-group output width, reduction length (K % 64 == 0)
-  const float* A = nullptr;   // fp32 [*, lda] (staged as hi + lo bf16 parts: exact), or
+  const float* A = nullptr;   // fp32 [*, lda] (staged as `aprec` says), or
   const uint16_t* A16 = nullptr;  // bf16 [*, lda] (the same numbers at half the bytes)
   int64_t lda = 0;
+  PrefillAPrec aprec = PrefillAPrec::Split;  // fp32 A only
+  unsigned* range_flag = nullptr;  // F16: device word, |= 1 when an A element exceeded f16_limit
+  float f16_limit = kF16Max;       // F16: clamp bound (kF16Max; lower only in tests of the redo)
   const int* a_rows = nullptr;  // optional [M]: A row of row m (gather), a_rows[m] / a_div
   int a_div = 1;                // gather divisor (slot id -> token: topk)
   DMat W;                       // [groups * N, K]
@@ -126,6 +140,9 @@ struct MoePrefillScratch {
   // the exact fp32 GEMM of prefill_ops.h, so routing matches decode and the CPU oracle); the
   // bf16 tensor-core router GEMM is skipped.
   bool router_logits_given = false;
+  PrefillAPrec aprec = PrefillAPrec::Split;  // route of every GEMM of the block (see PrefillGemmArgs)
+  unsigned* range_flag = nullptr;
+  float f16_limit = kF16Max;
 };
 // out[T, hidden] = MoE(h) (accumulate: out += MoE(h), the residual add).
 void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
@@ -235,6 +252,9 @@ inline void prefill_gemm(const PrefillGemmArgs& a, cudaStream_t s) {
                 "prefill_gemm: ldc {} < N {} or C not 4-byte aligned", a.ldc, a.N);
   KESTREL_CHECK(!(a.C16 && a.epi == GemmEpi::Residual), "prefill_gemm: Residual needs fp32 C");
   KESTREL_CHECK(a.a_div >= 1, "prefill_gemm: a_div {}", a.a_div);
+  KESTREL_CHECK(a.aprec == PrefillAPrec::Split || (a.A != nullptr && a.range_flag != nullptr),
+                "prefill_gemm: the F16 route needs an fp32 A and a range flag");
+  KESTREL_CHECK(a.f16_limit > 0.f && a.f16_limit <= kF16Max, "prefill_gemm: f16_limit {}", a.f16_limit);
   const int64_t g = a.groups > 0 ? a.groups : 1;
   prefill_check_mat(a.W, g * a.N, a.K, "prefill_gemm W");
   if (a.epi == GemmEpi::SiluMul) {
@@ -302,6 +322,8 @@ inline void moe_prefill(const MoePrefillWeights& w, const float* h, int64_t T,
                     sc.sorted && sc.act && sc.slot_out,
                 "moe_prefill: scratch buffer missing");
   KESTREL_CHECK(moe_max_tiles(T, w.topk, w.E) < 65536, "moe_prefill: T {} too large for one call", T);
+  KESTREL_CHECK(sc.aprec == PrefillAPrec::Split || sc.range_flag != nullptr,
+                "moe_prefill: the F16 route needs a range flag");
   moe_prefill_launch(w, h, T, sc, out, accumulate, s);
 }
 

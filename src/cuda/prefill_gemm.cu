@@ -7,15 +7,22 @@
 // work on the current one. One k-tile is one affine group (64), so a W row's scale and bias are
 // one pair per tile; no dequantised copy of W exists anywhere in global memory.
 //
-// Exactness (the CPU oracle computes in fp32): an fp32 A is staged as two bf16 planes, hi = bf16(a)
-// and lo = bf16(a - hi) (a = hi + lo to about 2^-17 relative), and both go through the tensor
-// cores. A Q4/Q8 weight is staged as its exact integer q; per k-tile (one affine group) the
-// products P = sum_k q A are accumulated apart and folded in as acc += s P + b sum_k A, with the row
-// sums of A taken in fp32 while staging. So the only rounding left is fp32 accumulation order.
+// Precision (the CPU oracle computes in fp32). A Q4/Q8 weight is staged as its exact integer q; per
+// k-tile (one affine group) the products P = sum_k q A are accumulated apart and folded in as
+// acc += s P + b sum_k A, with the row sums of A taken in fp32 while staging. An fp32 A takes one
+// of two routes (PrefillAPrec, chosen by the caller):
+//   Split: two bf16 planes, hi = bf16(a) and lo = bf16(a - hi) (a = hi + lo to about 2^-17
+//          relative), both through the tensor cores: the only rounding left is fp32 accumulation
+//          order, at twice the MMAs and shared-memory reads;
+//   F16:   one fp16 plane (2^-11 relative, 8x finer than bf16) with W staged as fp16 (integers
+//          exact; bf16 weights exact down to 2^-14): one MMA per tile, and 128-row tiles for every
+//          format. Elements beyond the fp16 range are clamped and reported through range_flag.
 #include "cuda/common.cuh"
 #include "cuda/prefill.h"
 #include "cuda/prefill_mma.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 
 namespace kestrel::cuda {
@@ -61,12 +68,24 @@ __device__ __forceinline__ void b_load(BStage<F>& st, const uint8_t* row, const 
   }
 }
 
-template <DFmt F>
+// Stores the staged W elements as bf16 (H = false) or fp16 (H = true) operands.
+template <DFmt F, bool H>
 __device__ __forceinline__ void b_store(const BStage<F>& st, uint16_t* dst) {
   uint4* d = reinterpret_cast<uint4*>(dst);
+  auto pack = [](float lo, float hi) { return H ? pf::pack_f16(lo, hi) : pf::pack_bf16(lo, hi); };
   if constexpr (F == DFmt::BF16) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) d[i] = st.v[i];
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (H) {  // bf16 -> fp16: exact for 2^-14 <= |w| <= 65504
+        const uint32_t w[4] = {st.v[i].x, st.v[i].y, st.v[i].z, st.v[i].w};
+        uint32_t o[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) o[j] = pf::pack_f16(pf::bf16_lo(w[j]), pf::bf16_hi(w[j]));
+        d[i] = make_uint4(o[0], o[1], o[2], o[3]);
+      } else {
+        d[i] = st.v[i];
+      }
+    }
   } else if constexpr (F == DFmt::Q4) {
     const uint32_t w[4] = {st.v[0].x, st.v[0].y, st.v[0].z, st.v[0].w};
 #pragma unroll
@@ -75,7 +94,7 @@ __device__ __forceinline__ void b_store(const BStage<F>& st, uint16_t* dst) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float q0 = float((w[i] >> (8 * j)) & 15u), q1 = float((w[i] >> (8 * j + 4)) & 15u);
-        o[j] = pf::pack_bf16(q0, q1);  // exact
+        o[j] = pack(q0, q1);  // exact
       }
       d[i] = make_uint4(o[0], o[1], o[2], o[3]);
     }
@@ -88,18 +107,22 @@ __device__ __forceinline__ void b_store(const BStage<F>& st, uint16_t* dst) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const uint32_t x = w[2 * i + j];
-        o[2 * j] = pf::pack_bf16(float(x & 255u), float((x >> 8) & 255u));  // exact integers
-        o[2 * j + 1] = pf::pack_bf16(float((x >> 16) & 255u), float(x >> 24));
+        o[2 * j] = pack(float(x & 255u), float((x >> 8) & 255u));  // exact integers
+        o[2 * j + 1] = pack(float((x >> 16) & 255u), float(x >> 24));
       }
       d[i] = make_uint4(o[0], o[1], o[2], o[3]);
     }
   }
 }
 
-template <int BM, DFmt F, bool SILU, bool A16>
+// A operand modes: fp32 A as bf16 hi + lo (Split), bf16 A given (A16), fp32 A as fp16 (F16).
+constexpr int kASplit = 0, kA16 = 1, kAF16 = 2;
+
+template <int BM, DFmt F, bool SILU, int AM>
 __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const PrefillGemmArgs p) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<GemmSmem<BM>*>(smem_raw);
+  constexpr bool A16 = AM == kA16, H = AM == kAF16, SPLIT = AM == kASplit;
   constexpr int MT = BM / 32;        // m16 tiles per warp (a warp covers BM/2 rows)
   // A loads per thread per k-tile: float4 (fp32 A) or uint4 of 8 bf16 (A16).
   constexpr int AR = A16 ? BM * 8 / kThreads : BM * 16 / kThreads;
@@ -185,6 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const PrefillGemmArgs
     b_load<F>(breg, wrow, srow, brow, kt, bh, bvalid);
   };
   constexpr bool QW = F != DFmt::BF16;
+  bool out_of_range = false;  // F16: an A element beyond the fp16 range was clamped
   auto store_tile = [&](int buf) {
 #pragma unroll
     for (int i = 0; i < AR; ++i) {
@@ -198,6 +222,18 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const PrefillGemmArgs
 #pragma unroll
           for (int j = 0; j < 4; ++j) part += pf::bf16_lo(w[j]) + pf::bf16_hi(w[j]);
         }
+      } else if constexpr (H) {
+        float x[4] = {__uint_as_float(areg[i].x), __uint_as_float(areg[i].y),
+                      __uint_as_float(areg[i].z), __uint_as_float(areg[i].w)};
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (fabsf(x[j]) > p.f16_limit) {  // false for NaN: NaN stays NaN
+            x[j] = copysignf(p.f16_limit, x[j]);
+            out_of_range = true;
+          }
+        *reinterpret_cast<uint2*>(&sm.a[buf][r][4 * ac]) =
+            make_uint2(pf::pack_f16(x[0], x[1]), pf::pack_f16(x[2], x[3]));
+        if constexpr (QW) part = (x[0] + x[1]) + (x[2] + x[3]);
       } else {
         const float x0 = __uint_as_float(areg[i].x), x1 = __uint_as_float(areg[i].y);
         const float x2 = __uint_as_float(areg[i].z), x3 = __uint_as_float(areg[i].w);
@@ -214,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const PrefillGemmArgs
         if (ac == 0) sm.asum[buf][r] = part;
       }
     }
-    b_store<F>(breg, &sm.b[buf][br][32 * bh]);
+    b_store<F, H>(breg, &sm.b[buf][br][32 * bh]);
     if constexpr (QW) {
       if (bh == 0) {
         sm.ws[buf][br] = breg.s;
@@ -251,12 +287,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const PrefillGemmArgs
     float(&dst)[MT][4][4] = QW ? tq : acc;
 #pragma unroll
     for (int ks = 0; ks < BK / 16; ++ks) {
-      uint32_t af[MT][4], afl[A16 ? 1 : MT][4];
+      uint32_t af[MT][4], afl[SPLIT ? MT : 1][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         const int ar = wm * (BM / 2) + mt * 16 + (lane & 15), acol = ks * 16 + (lane >> 4) * 8;
         pf::ldsm_x4(af[mt], &sm.a[buf][ar][acol]);
-        if constexpr (!A16) pf::ldsm_x4(afl[mt], &sm.al[buf][ar][acol]);
+        if constexpr (SPLIT) pf::ldsm_x4(afl[mt], &sm.al[buf][ar][acol]);
       }
       uint32_t bfr[4][2];
 #pragma unroll
@@ -273,8 +309,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const PrefillGemmArgs
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
-          pf::mma_bf16(dst[mt][nt], af[mt], bfr[nt][0], bfr[nt][1]);
-          if constexpr (!A16) pf::mma_bf16(dst[mt][nt], afl[mt], bfr[nt][0], bfr[nt][1]);
+          if constexpr (H) pf::mma_f16(dst[mt][nt], af[mt], bfr[nt][0], bfr[nt][1]);
+          else pf::mma_bf16(dst[mt][nt], af[mt], bfr[nt][0], bfr[nt][1]);
+          if constexpr (SPLIT) pf::mma_bf16(dst[mt][nt], afl[mt], bfr[nt][0], bfr[nt][1]);
         }
     }
     if constexpr (QW) {  // acc += s * (q . A) + b * sum(A), per W row (column) and A row
@@ -301,6 +338,10 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const PrefillGemmArgs
     }
     if (kt + 1 < KT) store_tile(buf ^ 1);
     __syncthreads();
+  }
+
+  if constexpr (H) {  // one flag write per block (every thread reaches this barrier)
+    if (__syncthreads_or(out_of_range) && tid == 0) atomicOr(p.range_flag, 1u);
   }
 
   // Epilogue.
@@ -353,23 +394,51 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const PrefillGemmArgs
     }
 }
 
-template <int BM, DFmt F, bool SILU>
-void launch_one(const PrefillGemmArgs& a, cudaStream_t s) {
-  const unsigned gx = unsigned(SILU ? (a.N + 63) / 64 : (a.N + BN - 1) / BN);
-  const unsigned gy = unsigned(a.groups > 0 ? a.max_tiles : (a.M + BM - 1) / BM);
-  if (a.A16) gemm_kernel<BM, F, SILU, true><<<dim3(gx, gy), kThreads, sizeof(GemmSmem<BM>), s>>>(a);
-  else gemm_kernel<BM, F, SILU, false><<<dim3(gx, gy), kThreads, sizeof(GemmSmem<BM>), s>>>(a);
-  KCUDA_LAUNCH("prefill_gemm");
+// The instantiated (tile, format, A mode) combinations: 128-row tiles of Q4/Q8 weights only with
+// the F16 route (the Split route's second A plane and the fold's accumulators exceed the registers).
+template <int BM, DFmt F, int AM>
+constexpr bool kGemmVariant = BM == 64 || F == DFmt::BF16 || AM == kAF16;
+
+int a_mode(const PrefillGemmArgs& a) {
+  return a.A16 ? kA16 : a.aprec == PrefillAPrec::F16 ? kAF16 : kASplit;
 }
 
+template <int BM, DFmt F, bool SILU, int AM>
+void launch_am(const PrefillGemmArgs& a, cudaStream_t s) {
+  if constexpr (kGemmVariant<BM, F, AM>) {
+    const unsigned gx = unsigned(SILU ? (a.N + 63) / 64 : (a.N + BN - 1) / BN);
+    const unsigned gy = unsigned(a.groups > 0 ? a.max_tiles : (a.M + BM - 1) / BM);
+    gemm_kernel<BM, F, SILU, AM><<<dim3(gx, gy), kThreads, sizeof(GemmSmem<BM>), s>>>(a);
+    KCUDA_LAUNCH("prefill_gemm");
+  } else {
+    std::fprintf(stderr, "prefill_gemm: %d-row tiles of a quantised W need the F16 route\n", BM);
+    std::abort();  // unreachable: prefill_gemm_launch picks the tile from the same rule
+  }
+}
+
+template <int BM, DFmt F, bool SILU>
+void launch_one(const PrefillGemmArgs& a, cudaStream_t s) {
+  switch (a_mode(a)) {
+    case kA16: launch_am<BM, F, SILU, kA16>(a, s); break;
+    case kAF16: launch_am<BM, F, SILU, kAF16>(a, s); break;
+    default: launch_am<BM, F, SILU, kASplit>(a, s); break;
+  }
+}
+
+template <int BM, DFmt F, int AM>
+void set_attrs_am() {
+  if constexpr (kGemmVariant<BM, F, AM>) {
+    const int sb = int(sizeof(GemmSmem<BM>));
+    const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    KCUDA(cudaFuncSetAttribute(gemm_kernel<BM, F, false, AM>, attr, sb));
+    KCUDA(cudaFuncSetAttribute(gemm_kernel<BM, F, true, AM>, attr, sb));
+  }
+}
 template <int BM, DFmt F>
 void set_attrs() {
-  const int sb = int(sizeof(GemmSmem<BM>));
-  const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
-  KCUDA(cudaFuncSetAttribute(gemm_kernel<BM, F, false, false>, attr, sb));
-  KCUDA(cudaFuncSetAttribute(gemm_kernel<BM, F, true, false>, attr, sb));
-  KCUDA(cudaFuncSetAttribute(gemm_kernel<BM, F, false, true>, attr, sb));
-  KCUDA(cudaFuncSetAttribute(gemm_kernel<BM, F, true, true>, attr, sb));
+  set_attrs_am<BM, F, kASplit>();
+  set_attrs_am<BM, F, kA16>();
+  set_attrs_am<BM, F, kAF16>();
 }
 
 std::once_flag g_gemm_once;
@@ -598,8 +667,9 @@ void prefill_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s) {
   }
   // Dense: 128-row tiles when they still fill the machine, else 64.
   const int64_t ncols = a.epi == GemmEpi::SiluMul ? (a.N + 63) / 64 : (a.N + BN - 1) / BN;
-  // Q4/Q8 keep a second accumulator set per k-tile: 64-row tiles only (registers).
-  const bool big = a.W.fmt == DFmt::BF16 && a.M > 64 && ncols * ((a.M + 127) / 128) >= num_sms();
+  // Q4/Q8 keep a second accumulator set per k-tile: 128-row tiles only on the F16 route (registers).
+  const bool tile128 = a.W.fmt == DFmt::BF16 || a_mode(a) == kAF16;
+  const bool big = tile128 && a.M > 64 && ncols * ((a.M + 127) / 128) >= num_sms();
   if (big) dispatch_bm<128>(a, s);
   else dispatch_bm<64>(a, s);
 }
@@ -627,6 +697,9 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   // Router logits (unless the caller computed them).
   if (!sc.router_logits_given) {
     PrefillGemmArgs g;
+    g.aprec = sc.aprec;
+    g.range_flag = sc.range_flag;
+    g.f16_limit = sc.f16_limit;
     g.M = T;
     g.N = w.E;
     g.K = w.hidden;
@@ -652,6 +725,9 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   // Routed experts: act[p] = silu(gate_e h_t) * (up_e h_t) for sorted position p (slot t*k+r).
   const int max_tiles = moe_max_tiles(T, w.topk, w.E);
   PrefillGemmArgs gu;
+  gu.aprec = sc.aprec;
+  gu.range_flag = sc.range_flag;
+  gu.f16_limit = sc.f16_limit;
   gu.M = slots;
   gu.N = w.I;
   gu.K = w.hidden;
@@ -671,6 +747,9 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   prefill_gemm_launch(gu, s);
   // slot_out[slot] = w_slot * down_e act[p].
   PrefillGemmArgs dn;
+  dn.aprec = sc.aprec;
+  dn.range_flag = sc.range_flag;
+  dn.f16_limit = sc.f16_limit;
   dn.M = slots;
   dn.N = w.hidden;
   dn.K = w.I;
@@ -690,6 +769,9 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   const bool has_shared = w.shared_down.valid();
   if (has_shared) {
     PrefillGemmArgs sg;
+    sg.aprec = sc.aprec;
+    sg.range_flag = sc.range_flag;
+    sg.f16_limit = sc.f16_limit;
     sg.M = T;
     sg.N = w.Is;
     sg.K = w.hidden;
@@ -702,6 +784,9 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
     sg.ldc = w.Is;
     prefill_gemm_launch(sg, s);
     PrefillGemmArgs sd;
+    sd.aprec = sc.aprec;
+    sd.range_flag = sc.range_flag;
+    sd.f16_limit = sc.f16_limit;
     sd.M = T;
     sd.N = w.hidden;
     sd.K = w.Is;
@@ -713,6 +798,9 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
     prefill_gemm_launch(sd, s);
     if (w.shared_expert_gate.valid()) {
       PrefillGemmArgs sgt;
+      sgt.aprec = sc.aprec;
+      sgt.range_flag = sc.range_flag;
+      sgt.f16_limit = sc.f16_limit;
       sgt.M = T;
       sgt.N = 1;
       sgt.K = w.hidden;

@@ -4,6 +4,10 @@
 #include "cuda/prefill_ops.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
 
 namespace kestrel::cuda {
 
@@ -20,6 +24,8 @@ struct ScratchPlan {
   size_t qbuf;
   // MoE
   size_t moe_logits, moe_slots, moe_e1, moe_act, moe_slot_out, moe_sact, moe_shared, moe_sgate;
+  // F16 route: range flag (u32 x 4) and the per-GDN-layer state snapshot
+  size_t flag = 4, conv_state, rec_state, n_gdn;
 
   ScratchPlan(const ModelConfig& c, int64_t Tm) {
     const size_t T = size_t(Tm), H = size_t(c.hidden_size);
@@ -51,13 +57,17 @@ struct ScratchPlan {
     moe_sact = T * size_t(c.shared_expert_intermediate_size);
     moe_shared = T * H;
     moe_sgate = T;
+    conv_state = C * 3;
+    rec_state = Hv * size_t(c.linear_value_head_dim) * size_t(c.linear_key_head_dim);
+    n_gdn = size_t(std::count(c.layer_types.begin(), c.layer_types.end(), LayerKind::LinearAttention));
   }
   size_t bytes() const {
     const size_t f32 = x + hn + qkv + u + z + b + a + o + qg + k + v + attn + logits + moe_logits +
                        moe_slots /* topk_w */ + moe_slot_out + moe_shared + moe_sgate + y + moe_act + moe_sact;
-    const size_t i32 = 2 * moe_slots /* topk_idx, sorted */ + 3 * moe_e1 /* counts, offsets */;
+    const size_t i32 = 2 * moe_slots /* topk_idx, sorted */ + 3 * moe_e1 /* counts, offsets */ + flag;
+    const size_t snap = n_gdn * (conv_state + rec_state);
     const size_t b16 = qbuf;
-    return 4 * f32 + 4 * i32 + 2 * b16 + gdn_bytes;
+    return 4 * f32 + 4 * i32 + 2 * b16 + gdn_bytes + 4 * snap;
   }
 };
 
@@ -112,8 +122,44 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   moe_.shared = take<float>(p.moe_shared);
   moe_.sgate = take<float>(p.moe_sgate);
   moe_.router_logits_given = true;
+  range_flag_ = take<unsigned>(4);  // 16-byte slot
+  for (int l = 0; l < c.num_layers; ++l) {
+    const bool gdn = m.layers[size_t(l)].kind == LayerKind::LinearAttention;
+    snap_conv_.push_back(gdn ? take<float>(p.conv_state) : nullptr);
+    snap_rec_.push_back(gdn ? take<float>(p.rec_state) : nullptr);
+  }
   KESTREL_CHECK(arena_.bytes() == p.bytes(), "prefill: scratch plan {} B but {} B allocated", p.bytes(),
                 arena_.bytes());
+  set_aprec(prefill_aprec_from_env());
+}
+
+PrefillAPrec prefill_aprec_from_env() {
+  const char* e = std::getenv("KESTREL_PREFILL_APREC");
+  if (e == nullptr || *e == 0 || std::strcmp(e, "f16") == 0) return PrefillAPrec::F16;
+  KESTREL_CHECK(std::strcmp(e, "split") == 0, "KESTREL_PREFILL_APREC={}: expected f16 or split", e);
+  return PrefillAPrec::Split;
+}
+
+void PrefillStep::set_aprec(PrefillAPrec p, float f16_limit) {
+  KESTREL_CHECK(f16_limit > 0.f && f16_limit <= kF16Max, "prefill: fp16 limit {} outside (0, {}]",
+                f16_limit, kF16Max);
+  aprec_ = p;
+  f16_limit_ = f16_limit;
+}
+
+// Copies the conv windows and GDN states of sq to the snapshot (or back, with restore).
+void PrefillStep::snapshot(const DSeq& sq, bool restore, cudaStream_t s) {
+  const ModelConfig& c = m_.cfg;
+  const ScratchPlan p(c, 1);
+  for (int l = 0; l < c.num_layers; ++l) {
+    if (snap_conv_[size_t(l)] == nullptr) continue;
+    float* live[2] = {sq.conv[size_t(l)], sq.rec[size_t(l)]};
+    float* snap[2] = {snap_conv_[size_t(l)], snap_rec_[size_t(l)]};
+    const size_t bytes[2] = {p.conv_state * 4, p.rec_state * 4};
+    for (int i = 0; i < 2; ++i)
+      KCUDA(cudaMemcpyAsync(restore ? live[i] : snap[i], restore ? snap[i] : live[i], bytes[i],
+                            cudaMemcpyDeviceToDevice, s));
+  }
 }
 
 void PrefillStep::poison(cudaStream_t s) {
@@ -135,7 +181,24 @@ void PrefillStep::run(DSeq& sq, std::span<const int32_t> tokens, bool all_logits
                         cudaMemcpyHostToDevice, s));
   for (int64_t off = 0; off < n; off += max_chunk_) {
     const int64_t T = std::min(max_chunk_, n - off);
-    chunk(sq, sq.length, T, s);
+    if (aprec_ == PrefillAPrec::F16) {
+      snapshot(sq, false, s);
+      KCUDA(cudaMemsetAsync(range_flag_, 0, 4, s));
+      chunk(sq, sq.length, T, PrefillAPrec::F16, s);
+      unsigned flag = 0;
+      KCUDA(cudaMemcpyAsync(&flag, range_flag_, 4, cudaMemcpyDeviceToHost, s));
+      KCUDA(cudaStreamSynchronize(s));
+      if (flag != 0) {
+        ++range_redos_;
+        spdlog::warn("prefill: an activation of tokens {}..{} exceeds the fp16 range (limit {}); "
+                     "redoing the chunk on the split-bf16 route", sq.length, sq.length + T - 1,
+                     f16_limit_);
+        snapshot(sq, true, s);
+        chunk(sq, sq.length, T, PrefillAPrec::Split, s);
+      }
+    } else {
+      chunk(sq, sq.length, T, PrefillAPrec::Split, s);
+    }
     if (all_logits)
       this->all_logits(T, logits + off * V, s);
     else if (off + T == n)
@@ -152,8 +215,12 @@ void PrefillStep::run(DSeq& sq, std::span<const int32_t> tokens, bool all_logits
   KCUDA(cudaStreamSynchronize(s));
 }
 
-void PrefillStep::chunk(DSeq& sq, int64_t pos0, int64_t T, cudaStream_t s) {
+void PrefillStep::chunk(DSeq& sq, int64_t pos0, int64_t T, PrefillAPrec route, cudaStream_t s) {
   const ModelConfig& c = m_.cfg;
+  route_ = route;
+  moe_.aprec = route;
+  moe_.range_flag = range_flag_;
+  moe_.f16_limit = f16_limit_;
   PrefillEmbedArgs em;
   em.T = T;
   em.tokens = sq.d_history + pos0;
@@ -198,6 +265,11 @@ void PrefillStep::gemm(const uint16_t* a16, const float* a, int64_t lda, int64_t
   g.A16 = a16;
   g.A = a;
   g.lda = lda;
+  if (a != nullptr) {
+    g.aprec = route_;
+    g.range_flag = range_flag_;
+    g.f16_limit = f16_limit_;
+  }
   g.W = W;
   g.epi = epi;
   g.C = c;
@@ -340,6 +412,7 @@ void PrefillStep::all_logits(int64_t T, float* host, cudaStream_t s) {
   const ModelConfig& c = m_.cfg;
   const int64_t H = c.hidden_size, V = c.vocab_size;
   norm(buf_.x, m_.final_norm, T, buf_.hn, nullptr, s);
+  route_ = PrefillAPrec::Split;  // after the chunk's range check: the exact route
   for (int64_t r0 = 0; r0 < T; r0 += kLogitRows) {
     const int64_t rows = std::min(kLogitRows, T - r0);
     gemm(nullptr, buf_.hn + r0 * H, H, rows, m_.lm_head, buf_.logits, V, GemmEpi::Store, s);

@@ -15,6 +15,12 @@
 //   all_logits, every row of every chunk through the tensor-core GEMM in blocks of kLogitRows.
 // Scratch is allocated once, at construction, for max_chunk tokens; nothing is allocated per
 // step. Inside a chunk nothing synchronises the host; the logits copies at the end do.
+// GEMM route (PrefillAPrec, prefill.h): F16 (default; one fp16 plane per fp32 activation) or Split
+// (bf16 hi + lo, the fp32 oracle's numbers to accumulation order, ~1.5-2x slower). On the F16
+// route every chunk first snapshots the sequence's conv windows and GDN states and ends with one
+// host read of the range flag; if an activation exceeded the fp16 range, the chunk is redone on
+// the Split route from the snapshot (KV rows are simply rewritten), with a warning: never a
+// clamped result. KESTREL_PREFILL_APREC=split|f16 sets the route of new drivers.
 // Host-compiled .cpp only.
 #pragma once
 #include "cuda/device_model.h"
@@ -46,6 +52,12 @@ class PrefillStep {
   // before it is written shows up.
   void poison(cudaStream_t s);
 
+  // The GEMM route and, for tests of the redo, the fp16 clamp bound (<= kF16Max).
+  void set_aprec(PrefillAPrec p, float f16_limit = kF16Max);
+  PrefillAPrec aprec() const { return aprec_; }
+  // Chunks redone on the Split route because of the fp16 range (since construction).
+  int64_t range_redos() const { return range_redos_; }
+
   // Appends `tokens` (validated by the caller: ids in range, capacity) to sequence sq and writes
   // the logits of the last token, or of every token with all_logits, to host memory `logits`
   // ([1 or tokens.size(), vocab] floats). Returns when the logits are on the host.
@@ -74,7 +86,8 @@ class PrefillStep {
     float* logits;     // [kLogitRows, vocab]
   };
 
-  void chunk(DSeq& sq, int64_t pos0, int64_t T, cudaStream_t s);
+  void chunk(DSeq& sq, int64_t pos0, int64_t T, PrefillAPrec route, cudaStream_t s);
+  void snapshot(const DSeq& sq, bool restore, cudaStream_t s);
   void gdn_layer(const DLayer& d, DSeq& sq, int l, int64_t T, cudaStream_t s);
   void attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int64_t T, cudaStream_t s);
   void moe_layer(const DLayer& d, int64_t T, cudaStream_t s);
@@ -97,6 +110,12 @@ class PrefillStep {
   std::vector<std::pair<void*, size_t>> allocs_;
   Buffers buf_{};
   MoePrefillScratch moe_{};
+  PrefillAPrec aprec_ = PrefillAPrec::F16;
+  PrefillAPrec route_ = PrefillAPrec::F16;  // of the chunk being enqueued
+  float f16_limit_ = kF16Max;
+  unsigned* range_flag_ = nullptr;          // device word
+  std::vector<float*> snap_conv_, snap_rec_;  // per GDN layer (F16 route's redo)
+  int64_t range_redos_ = 0;
 };
 
 // Test / tuning hooks of a CUDA backend (defined in cuda_backend.cpp): the prompt chunk size
@@ -106,5 +125,11 @@ class PrefillStep {
 void set_prefill_max_chunk(Backend& b, int64_t max_chunk);
 size_t prefill_scratch_bytes(const Backend& b);
 void poison_prefill_scratch(Backend& b);
+// The GEMM route of the backend's prompt driver (kept across driver rebuilds) and the number of
+// chunks it redid on the Split route (tests).
+void set_prefill_aprec(Backend& b, PrefillAPrec p, float f16_limit = kF16Max);
+int64_t prefill_range_redos(const Backend& b);
+// KESTREL_PREFILL_APREC: "f16" (default) or "split"; anything else is an error.
+PrefillAPrec prefill_aprec_from_env();
 
 }  // namespace kestrel::cuda

@@ -12,6 +12,9 @@
 // Models: random real-width models (3 GDN + 1 attention, 16 experts top-4) in bf16 and 4-bit (the
 // CPU backend reading the same 4-bit weights; 8-bit router), and the committed real-width fixture
 // (16 experts top-8) in bf16 and q4. The driver's scratch is poisoned (0xff) before every run.
+// Routes (PrefillAPrec): the default (F16) everywhere, Split on the random q4 model, and the F16
+// route with a test limit of 1.0 (every chunk exceeds it and is redone on the Split route from
+// the state snapshot): same bounds.
 #include "core/synth.h"
 #include "cpu/cpu_backend.h"
 #include "cuda/prefill_step.h"
@@ -226,6 +229,22 @@ TEST(PrefillE2E, RandomRealWidthBf16) {
 TEST(PrefillE2E, RandomRealWidthQ4) {
   REQUIRE_GPU();
   run_random(WFormat::Q4, WFormat::Q8, 12);
+}
+
+TEST(PrefillE2E, SplitRouteAndF16RangeRedo) {
+  REQUIRE_GPU();
+  const ModelConfig c = small_real_width_config();
+  const uint32_t seed = 13;
+  cpu::CpuBackend cpu_b(random_weights(c, WFormat::Q4, WFormat::Q8, seed), 0);
+  auto gpu_b = make_cuda_backend(random_weights(c, WFormat::Q4, WFormat::Q8, seed), BackendOptions{});
+  set_prefill_aprec(*gpu_b, PrefillAPrec::Split);
+  check_prompts(cpu_b, *gpu_b, "random q4, split route", seed + 100);
+  EXPECT_EQ(prefill_range_redos(*gpu_b), 0);
+  set_prefill_aprec(*gpu_b, PrefillAPrec::F16, 1.0f);
+  check_prompts(cpu_b, *gpu_b, "random q4, f16 route redone (limit 1)", seed + 100);
+  EXPECT_GT(prefill_range_redos(*gpu_b), 0) << "no chunk exceeded an fp16 limit of 1.0";
+  check_prefill_then_decode(cpu_b, *gpu_b, "random q4, f16 route redone (limit 1)", seed + 200);
+  EXPECT_THROW(set_prefill_aprec(*gpu_b, PrefillAPrec::F16, 1e6f), Error);
 }
 
 // The committed real-width fixture (4 layers, 16 experts top-8), weights regenerated with

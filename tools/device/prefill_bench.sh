@@ -4,7 +4,7 @@
 # kind=prefill). Called by tools/gpu_check.sh when present (KESTREL_BIN, RESULTS set there), or by
 # hand from the repo root:
 #   bash tools/device/prefill_bench.sh            # KESTREL_BIN defaults to build-gpu/kestrel
-# Order: the short prompts of both formats first, then 32K, then 128K, one process each (the
+# Both GEMM routes (f16, split) unless APREC=f16|split. Order: the short prompts of both formats first, then 32K, then 128K, one process each (the
 # synthetic model is rebuilt per process, a few seconds), so that an outer time limit cuts the
 # longest runs and keeps the records already written.
 set -uo pipefail
@@ -16,7 +16,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu -
 rc=0
 run() {  # weights prompts timeout_s
   local t0=$(date +%s)
-  timeout "$3" "$BIN" bench --synthetic "$1" --prefill "$2" --prefill-runs 3 --out "$RES" || {
+  timeout "$3" "$BIN" bench --synthetic "$1" --prefill "$2" --prefill-runs 3 --prefill-aprec "${APREC:-both}" --out "$RES" || {
     echo "prefill_bench: $1 $2 failed or timed out (rc $?)"; rc=1; }
   echo "prefill_bench: $1 $2 took $(( $(date +%s) - t0 )) s"
 }
@@ -24,7 +24,7 @@ run q4 512,4096 60
 run bf16 512,4096 60
 run q4 32768 60
 run bf16 32768 60
-run q4 131072 120
-run bf16 131072 120
+run q4 131072 150
+run bf16 131072 150
 ls -la "$RES"/prefill-*.json 2>/dev/null
 exit $rc
