@@ -28,6 +28,9 @@ enum class GemmEpi : uint8_t {
   SiluMul,   // C[c_row(m), n] = scale(m) * silu(A W_gate^T)[m, n] * (A W_up^T)[m, n]  (W2 = up)
 };
 
+constexpr int kPrefillBM = 64;  // rows per tile of the grouped GEMM (moe_route's tile prefix)
+                                // on the Split route; the F16 route's default is 128
+
 // How an fp32 A reaches the tensor cores (an explicit route, chosen by the caller):
 //   Split: two bf16 planes hi = bf16(a), lo = bf16(a - hi), both multiplied (a = hi + lo to about
 //          2^-17 relative: the fp32 oracle's numbers up to accumulation order; 2 MMAs per tile);
@@ -65,11 +68,11 @@ struct PrefillGemmArgs {
   const int* group_off = nullptr;  // device [groups + 1]
   const int* tile_off = nullptr;   // device [groups + 1]
   int max_tiles = 0;               // host bound on tile_off[groups]
+  int group_bm = kPrefillBM;       // rows per tile tile_off counts (64, or 128 on the F16 route)
 };
 // out[r, c] = bf16(x[r, c]) for rows x cols (ldx, ldo in elements; cols % 8 == 0).
 void prefill_to_bf16_launch(const float* x, int64_t rows, int64_t cols, int64_t ldx, uint16_t* out,
                             int64_t ldo, cudaStream_t s);
-constexpr int kPrefillBM = 64;  // rows per tile of the grouped GEMM (moe_route's tile prefix)
 void prefill_gemm_init();       // one-time kernel attributes (large shared memory)
 void prefill_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s);
 
@@ -91,11 +94,12 @@ struct MoeRouteArgs {
   int* group_off = nullptr;   // [E + 1]
   int* tile_off = nullptr;    // [E + 1]
   int* sorted = nullptr;      // [T * topk]
+  int bm = kPrefillBM;        // rows per tile of tile_off (64 or 128)
 };
 void moe_route_launch(const MoeRouteArgs& a, cudaStream_t s);
-// Host bound on tile_off[E] for T tokens: ceil(T*topk / BM) + E.
-inline int moe_max_tiles(int64_t T, int topk, int E) {
-  return int((T * topk + kPrefillBM - 1) / kPrefillBM) + E;
+// Host bound on tile_off[E] for T tokens: ceil(T*topk / bm) + E.
+inline int moe_max_tiles(int64_t T, int topk, int E, int bm = kPrefillBM) {
+  return int((T * topk + bm - 1) / bm) + E;
 }
 
 // Combine: out[t, :] (+)= sum_r slot_out[t*topk + r, :] (r ascending = expert ascending)
@@ -143,6 +147,9 @@ struct MoePrefillScratch {
   PrefillAPrec aprec = PrefillAPrec::Split;  // route of every GEMM of the block (see PrefillGemmArgs)
   unsigned* range_flag = nullptr;
   float f16_limit = kF16Max;
+  // Rows per tile of the grouped expert GEMMs: 0 = the route's default (Split 64, F16 128: a
+  // tile's dequantised W then serves twice the rows); 64 or 128 explicitly (128 needs F16).
+  int moe_bm = 0;
 };
 // out[T, hidden] = MoE(h) (accumulate: out += MoE(h), the residual add).
 void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
@@ -262,10 +269,15 @@ inline void prefill_gemm(const PrefillGemmArgs& a, cudaStream_t s) {
     KESTREL_CHECK(a.W2.fmt == a.W.fmt, "prefill_gemm: gate {} and up {} formats differ",
                   dfmt_name(a.W.fmt), dfmt_name(a.W2.fmt));
   }
-  if (a.groups > 0)
+  if (a.groups > 0) {
     KESTREL_CHECK(a.group_off && a.tile_off && a.max_tiles >= 0 && a.max_tiles < 65536,
                   "prefill_gemm: grouped GEMM needs group_off, tile_off and 0 <= max_tiles {} < 65536",
                   a.max_tiles);
+    KESTREL_CHECK(a.group_bm == 64 || (a.group_bm == 128 && (a.W.fmt == DFmt::BF16 ||
+                                                             (a.A && a.aprec == PrefillAPrec::F16))),
+                  "prefill_gemm: grouped tiles of {} rows (64, or 128 with bf16 W or the F16 route)",
+                  a.group_bm);
+  }
   else
     KESTREL_CHECK(a.M < int64_t(65535) * 128, "prefill_gemm: M {} too large", a.M);
   if (a.M == 0 || (a.groups > 0 && a.max_tiles == 0)) return;
@@ -279,6 +291,7 @@ inline void moe_route(const MoeRouteArgs& a, cudaStream_t s) {
                     a.sorted,
                 "moe_route: null buffer");
   KESTREL_CHECK(a.T * a.topk < (int64_t(1) << 30), "moe_route: T {} too large", a.T);
+  KESTREL_CHECK(a.bm == 64 || a.bm == 128, "moe_route: tile of {} rows (64 or 128)", a.bm);
   moe_route_launch(a, s);
 }
 
@@ -322,6 +335,8 @@ inline void moe_prefill(const MoePrefillWeights& w, const float* h, int64_t T,
                     sc.sorted && sc.act && sc.slot_out,
                 "moe_prefill: scratch buffer missing");
   KESTREL_CHECK(moe_max_tiles(T, w.topk, w.E) < 65536, "moe_prefill: T {} too large for one call", T);
+  KESTREL_CHECK(sc.moe_bm == 0 || sc.moe_bm == 64 || (sc.moe_bm == 128 && sc.aprec == PrefillAPrec::F16),
+                "moe_prefill: expert tiles of {} rows (0 = default, 64, or 128 on the F16 route)", sc.moe_bm);
   KESTREL_CHECK(sc.aprec == PrefillAPrec::Split || sc.range_flag != nullptr,
                 "moe_prefill: the F16 route needs a range flag");
   moe_prefill_launch(w, h, T, sc, out, accumulate, s);

@@ -588,7 +588,7 @@ __global__ void route_scan_kernel(const MoeRouteArgs a) {
     a.tile_off[e] = toff;
     const int c = a.counts[e];
     off += c;
-    toff += (c + kPrefillBM - 1) / kPrefillBM;
+    toff += (c + a.bm - 1) / a.bm;
   }
   a.group_off[a.E] = off;
   a.tile_off[a.E] = toff;
@@ -662,7 +662,8 @@ void prefill_gemm_init() {
 void prefill_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s) {
   prefill_gemm_init();
   if (a.groups > 0) {
-    dispatch_bm<kPrefillBM>(a, s);
+    if (a.group_bm == 128) dispatch_bm<128>(a, s);
+    else dispatch_bm<64>(a, s);
     return;
   }
   // Dense: 128-row tiles when they still fill the machine, else 64.
@@ -721,9 +722,11 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   r.group_off = sc.group_off;
   r.tile_off = sc.tile_off;
   r.sorted = sc.sorted;
+  const int bm = sc.moe_bm != 0 ? sc.moe_bm : sc.aprec == PrefillAPrec::F16 ? 128 : kPrefillBM;
+  r.bm = bm;
   moe_route_launch(r, s);
   // Routed experts: act[p] = silu(gate_e h_t) * (up_e h_t) for sorted position p (slot t*k+r).
-  const int max_tiles = moe_max_tiles(T, w.topk, w.E);
+  const int max_tiles = moe_max_tiles(T, w.topk, w.E, bm);
   PrefillGemmArgs gu;
   gu.aprec = sc.aprec;
   gu.range_flag = sc.range_flag;
@@ -744,6 +747,7 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   gu.group_off = sc.group_off;
   gu.tile_off = sc.tile_off;
   gu.max_tiles = max_tiles;
+  gu.group_bm = bm;
   prefill_gemm_launch(gu, s);
   // slot_out[slot] = w_slot * down_e act[p].
   PrefillGemmArgs dn;
@@ -764,6 +768,7 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   dn.group_off = sc.group_off;
   dn.tile_off = sc.tile_off;
   dn.max_tiles = max_tiles;
+  dn.group_bm = bm;
   prefill_gemm_launch(dn, s);
   // Shared expert.
   const bool has_shared = w.shared_down.valid();

@@ -131,6 +131,11 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   KESTREL_CHECK(arena_.bytes() == p.bytes(), "prefill: scratch plan {} B but {} B allocated", p.bytes(),
                 arena_.bytes());
   set_aprec(prefill_aprec_from_env());
+  // Measurement knob: rows per expert tile (0 = the route's default; see MoePrefillScratch).
+  if (const char* e = std::getenv("KESTREL_PREFILL_MOE_BM"); e != nullptr && *e != 0) {
+    moe_bm_ = std::atoi(e);
+    KESTREL_CHECK(moe_bm_ == 64 || moe_bm_ == 128, "KESTREL_PREFILL_MOE_BM={}: 64 or 128", e);
+  }
 }
 
 PrefillAPrec prefill_aprec_from_env() {
@@ -221,6 +226,7 @@ void PrefillStep::chunk(DSeq& sq, int64_t pos0, int64_t T, PrefillAPrec route, c
   moe_.aprec = route;
   moe_.range_flag = range_flag_;
   moe_.f16_limit = f16_limit_;
+  moe_.moe_bm = route == PrefillAPrec::F16 ? moe_bm_ : 0;  // Split: its default (64)
   PrefillEmbedArgs em;
   em.T = T;
   em.tokens = sq.d_history + pos0;

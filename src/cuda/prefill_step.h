@@ -116,6 +116,7 @@ class PrefillStep {
   unsigned* range_flag_ = nullptr;          // device word
   std::vector<float*> snap_conv_, snap_rec_;  // per GDN layer (F16 route's redo)
   int64_t range_redos_ = 0;
+  int moe_bm_ = 0;  // KESTREL_PREFILL_MOE_BM (F16 route; 0 = default)
 };
 
 // Test / tuning hooks of a CUDA backend (defined in cuda_backend.cpp): the prompt chunk size

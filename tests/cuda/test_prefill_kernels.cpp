@@ -247,11 +247,13 @@ struct DevRoute {
   }
 };
 
-void check_route(const std::vector<float>& logits, int64_t T, int E, int k, const std::string& what) {
+void check_route(const std::vector<float>& logits, int64_t T, int E, int k, const std::string& what,
+                 int bm = kPrefillBM) {
   const HostRoute want = host_route(logits, T, E, k);
   auto dl = to_dev(logits);
   DevRoute r(T, E, k);
   r.a.logits = dl->as<float>();
+  r.a.bm = bm;
   moe_route(r.a, nullptr);
   const auto idx = to_host<int>(*r.idx, size_t(T * k));
   const auto w = to_host<float>(*r.w, size_t(T * k));
@@ -275,11 +277,11 @@ void check_route(const std::vector<float>& logits, int64_t T, int E, int k, cons
     std::vector<int> got(sorted.begin() + off, sorted.begin() + off + wc[size_t(e)]);
     ASSERT_EQ(got, exp_slots) << what << ": sorted slots of expert " << e;
     off += wc[size_t(e)];
-    toffs += (wc[size_t(e)] + kPrefillBM - 1) / kPrefillBM;
+    toffs += (wc[size_t(e)] + bm - 1) / bm;
   }
   ASSERT_EQ(goff[size_t(E)], off);
   ASSERT_EQ(toff[size_t(E)], toffs);
-  EXPECT_LE(toffs, moe_max_tiles(T, k, E));
+  EXPECT_LE(toffs, moe_max_tiles(T, k, E, bm));
 }
 
 TEST(PrefillMoe, RoutingMatchesCpuAndSortsByExpert) {
@@ -288,6 +290,7 @@ TEST(PrefillMoe, RoutingMatchesCpuAndSortsByExpert) {
   for (int64_t T : {1, 7, 63, 64, 65, 1000, 4096}) {
     auto logits = randv(size_t(T * 256), g, -4.f, 4.f);
     check_route(logits, T, 256, 8, fmt::format("route random T={}", T));
+    check_route(logits, T, 256, 8, fmt::format("route random T={} (128-row tiles)", T), 128);
   }
   // All tokens on the same 8 experts (248 experts with zero tokens), with exact ties inside.
   {
@@ -332,7 +335,7 @@ struct MoeSet {
 
 // one_direction: all tokens pick experts 0..7 (every other expert receives zero tokens).
 void run_moe(const MoeSet& ms, int64_t T, bool one_direction, uint32_t seed,
-             PrefillAPrec aprec = PrefillAPrec::Split) {
+             PrefillAPrec aprec = PrefillAPrec::Split, int moe_bm = 0) {
   std::mt19937 g(seed);
   ModelConfig cfg;
   cfg.hidden_size = 2048;
@@ -407,6 +410,7 @@ void run_moe(const MoeSet& ms, int64_t T, bool one_direction, uint32_t seed,
   KCUDA(cudaMemset(flag.p, 0, 16));
   sc.aprec = aprec;
   sc.range_flag = flag.as<unsigned>();
+  sc.moe_bm = moe_bm;
   auto dh = to_dev(h);
   // accumulate = true onto a random residual: out = x + MoE(h).
   auto resid = randv(want.size(), g);
@@ -415,9 +419,9 @@ void run_moe(const MoeSet& ms, int64_t T, bool one_direction, uint32_t seed,
   auto got = to_host<float>(*dout, want.size());
   for (size_t i = 0; i < got.size(); ++i) got[i] -= resid[i];
   const bool f16 = aprec == PrefillAPrec::F16;
-  const std::string what = fmt::format("moe_prefill {} E={} T={}{} {}", wformat_name(ms.f), ms.E, T,
-                                       one_direction ? " (all tokens on experts 0..7)" : "",
-                                       f16 ? "f16" : "split");
+  const std::string what = fmt::format("moe_prefill {} E={} T={}{} {} tile {}", wformat_name(ms.f), ms.E,
+                                       T, one_direction ? " (all tokens on experts 0..7)" : "",
+                                       f16 ? "f16" : "split", moe_bm);
   EXPECT_LT(rel_err(got, want, what.c_str()), f16 ? 2e-3 : 1e-4) << what;
   EXPECT_EQ(to_host<unsigned>(flag, 1)[0], 0u) << what << ": range flag set";
   if (one_direction) {
@@ -441,6 +445,9 @@ TEST(PrefillMoe, BlockMatchesCpuQ4FullExperts) {
     for (int64_t T : {1, 7, 65, 1000}) run_moe(ms, T, false, seed++, r);
     run_moe(ms, 300, true, seed++, r);
   }
+  // The F16 route with 64-row expert tiles (its default is 128).
+  run_moe(ms, 1000, false, seed++, PrefillAPrec::F16, 64);
+  run_moe(ms, 300, true, seed++, PrefillAPrec::F16, 64);
 }
 
 TEST(PrefillMoe, BlockMatchesCpuBf16AndQ8) {
