@@ -185,6 +185,8 @@ void run_prefill_bench(const BenchOpts& o, kestrel::Backend& b, const std::strin
                        {"weights", weights},
                        {"prompt_tokens", n},
                        {"aprec", aprec},
+                       {"moe_tile_rows", std::getenv("KESTREL_PREFILL_MOE_BM") ? std::getenv("KESTREL_PREFILL_MOE_BM")
+                                                                              : "default"},
                        {"range_redos", redos},
                        {"tok_per_s", double(n) / med},
                        {"achieved_tflops", tflops},

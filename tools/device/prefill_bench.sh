@@ -21,6 +21,7 @@ run() {  # weights prompts timeout_s
   echo "prefill_bench: $1 $2 took $(( $(date +%s) - t0 )) s"
 }
 run q4 512,4096 60
+APREC=f16 KESTREL_PREFILL_MOE_BM=64 run q4 4096 60  # the F16 route with 64-row expert tiles
 run bf16 512,4096 60
 run q4 32768 60
 run bf16 32768 60
