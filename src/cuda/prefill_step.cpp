@@ -358,6 +358,9 @@ void PrefillStep::attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int
   a.kv_heads = c.num_kv_heads;
   a.head_dim = c.head_dim;
   a.rotary_dim = c.rotary_dim;
+  a.aprec = route_;
+  a.range_flag = range_flag_;
+  a.f16_limit = f16_limit_;
   prefill_attn(a, s);
   gemm(nullptr, buf_.attn, AO, T, d.o, buf_.x, H, GemmEpi::Residual, s);
 }
