@@ -4,7 +4,7 @@
 // of warp h scores position p for head h, an online softmax runs per warp, then lane l accumulates
 // dims 8l..8l+7 of P.V. A second kernel merges the splits and applies the sigmoid output gate.
 // q/k RMSNorm and partial NeoX RoPE are applied here; the split owning the new position writes
-// its k/v (bf16) to the cache before reading.
+// its k/v (bf16) to the cache and uses them directly (it does not read them back).
 #include "cuda/common.cuh"
 
 #include <algorithm>
@@ -16,6 +16,7 @@ namespace {
 constexpr int D = 256;
 constexpr int kGroup = 8;            // query heads per kv head
 constexpr int kKStride = D / 2 + 1;  // u32 words per K row in shared memory (padded: no conflicts)
+constexpr int kRot = 64;             // rotary dims (the launcher checks): 32 frequencies, one per lane
 
 __device__ __forceinline__ int chunk_for(int len, int nsplit) {
   int c = (len + nsplit - 1) / nsplit;
@@ -23,111 +24,144 @@ __device__ __forceinline__ int chunk_for(int len, int nsplit) {
   return c < kAttnTile ? kAttnTile : c;
 }
 
-// Normalises (RMS, effective weight w) and ropes one head held as 8 dims per lane (d = 8*lane+e).
-__device__ __forceinline__ void norm_rope(float (&x)[8], const float* w, float eps, int pos,
-                                          float theta, int rot) {
+// RMS-normalises (effective weight w0|w1 = dims 8l..8l+7) and ropes one head held as 8 dims per
+// lane (d = 8*lane+e; lanes 0..7 hold the roped dims). Lane i holds cos/sin of frequency i; dim d
+// uses frequency d % 32 = 8*(lane & 3) + e.
+__device__ __forceinline__ void norm_rope(float (&x)[8], const float4 w0, const float4 w1, float eps,
+                                          float cs, float sn) {
   const int lane = threadIdx.x & 31;
   float ss = 0.f;
 #pragma unroll
   for (int e = 0; e < 8; ++e) ss += x[e] * x[e];
   ss = warp_sum(ss);
   const float inv = 1.f / sqrtf(ss / float(D) + eps);
+  const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
 #pragma unroll
-  for (int e = 0; e < 8; ++e) x[e] = x[e] * inv * w[lane * 8 + e];
-  const int half = rot / 2;            // 32
-  const int pl = half / 8;             // lane offset of the partner dims (4)
+  for (int e = 0; e < 8; ++e) x[e] = x[e] * inv * w[e];
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
-    const float partner = __shfl_xor_sync(0xffffffffu, x[e], pl);
-    const int d = lane * 8 + e;
-    if (d < rot) {
-      const int i = d % half;
-      const float inv_freq = 1.f / powf(theta, float(2 * i) / float(rot));
-      const float ang = float(pos) * inv_freq;
-      const float c = cosf(ang), s = sinf(ang);
-      x[e] = d < half ? x[e] * c - partner * s : x[e] * c + partner * s;
-    }
+    const float partner = __shfl_xor_sync(0xffffffffu, x[e], kRot / 16);  // dim d +- 32
+    const float c = __shfl_sync(0xffffffffu, cs, 8 * (lane & 3) + e);
+    const float s = __shfl_sync(0xffffffffu, sn, 8 * (lane & 3) + e);
+    if (lane < kRot / 8) x[e] = lane < kRot / 16 ? x[e] * c - partner * s : x[e] * c + partner * s;
   }
 }
 
-__device__ __forceinline__ uint16_t f2bf(float f) {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  return uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
+         uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16;
+}
+__device__ __forceinline__ uint4 pack_bf16x8(const float (&x)[8]) {
+  return make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]),
+                    pack_bf16(x[6], x[7]));
+}
+__device__ __forceinline__ void ld8(float (&x)[8], const float* p) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
 }
 
+// Latency, not bandwidth, bounds this kernel at short contexts (a few blocks of one or two tiles),
+// so the serial chain after pdl_wait is kept to: pos load (q load alongside) -> first K/V tile
+// loads -> q and new k norm + rope while they fly -> tile loop. The rope angles are one sincosf
+// per lane (32 frequencies), shuffled to the dims; the first version inlined powf+sinf+cosf for
+// each of 8 dims twice: 105 KB of code (27 us per launch at 100 positions, measured), cold in the
+// instruction cache on every launch.
+// The new position's k/v row does not go through the cache: the warp whose lanes load that row's
+// pieces (row r of a tile is loaded by warp r % 8, lane c holding dims 8c..8c+7, the layout of
+// norm_rope) computes it, writes it to the cache, keeps it in its lanes' slots of knew/vnew and
+// substitutes it in its own tile registers when the tile of pos comes.
 __global__ void __launch_bounds__(256) attn_split_kernel(const __grid_constant__ AttnDecodeArgs a) {
   __shared__ uint32_t Ks[kAttnTile * kKStride];
   __shared__ uint4 Vs[kAttnTile * (D / 8)];
   __shared__ __align__(16) float qs[kGroup * D];
+  __shared__ uint4 knew[D / 8], vnew[D / 8];  // the new row, kept by the lanes that load it
   const int sp = blockIdx.x, g = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int h = g * kGroup + warp;
+  // Weights and the rope frequencies do not depend on the predecessor. Lane i: frequency i of
+  // the CPU reference (inv_freq = 1 / theta^(2i/rot) in fp32).
+  const float4 qw0 = reinterpret_cast<const float4*>(a.q_norm)[2 * lane];
+  const float4 qw1 = reinterpret_cast<const float4*>(a.q_norm)[2 * lane + 1];
+  const float inv_freq = 1.f / powf(float(a.rope_theta), float(2 * lane) / float(kRot));
+  if (warp == 0 && lane < D * 4 / 128)  // k_norm into L2 for the warp that ropes the new k
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a.k_norm + lane * 32));
   pdl_launch_dependents();
   pdl_wait();
   const int pos = *a.pos, len = pos + 1;
+  float x[8];
+  ld8(x, a.qg + size_t(h) * 2 * D + lane * 8);
   const int chunk = chunk_for(len, a.nsplit);
   const int s0 = sp * chunk;
   if (s0 >= len) return;
   const int s1 = min(s0 + chunk, len);
   const int Hkv = a.kv_heads;
-  const float theta = float(a.rope_theta);
+  // Rows [s0, s_cached) come from the cache; the owner of the new position supplies row pos.
+  const int s_cached = min(s1, pos);
+  const bool new_row = pos < s1 && warp == (pos & 7);  // this warp loads row pos's pieces
+  const int new_t0 = pos & ~(kAttnTile - 1), new_i = (pos & (kAttnTile - 1)) >> 3;
 
-  // Query of head h = g*8 + warp: norm + rope, pre-scaled by D^-1/2.
-  const int h = g * kGroup + warp;
-  {
-    float x[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) x[e] = a.qg[size_t(h) * 2 * D + lane * 8 + e];
-    norm_rope(x, a.q_norm, a.eps, pos, theta, a.rotary_dim);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) qs[warp * D + lane * 8 + e] = x[e] * (1.f / 16.f);
-  }
-  // The split that owns the new position appends its k (normed, roped) and v.
-  if (pos >= s0 && pos < s1) {
-    if (warp == 0) {
-      float x[8];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) x[e] = a.k[size_t(g) * D + lane * 8 + e];
-      norm_rope(x, a.k_norm, a.eps, pos, theta, a.rotary_dim);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) a.kcache[(size_t(pos) * Hkv + g) * D + lane * 8 + e] = f2bf(x[e]);
-    } else if (warp == 1) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        a.vcache[(size_t(pos) * Hkv + g) * D + lane * 8 + e] = f2bf(a.v[size_t(g) * D + lane * 8 + e]);
-    }
-  }
-  __syncthreads();
-
-  float m_run = -INFINITY, l_run = 0.f, acc[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-  const float* q = qs + warp * D;
-
-  // K and V tiles: 32 rows x 32 16-byte pieces each, 4 pieces per thread per tensor. The next
-  // tile's loads are in flight while the current one is scored.
+  // K and V tiles: 32 rows x 32 16-byte pieces each, 4 pieces per thread per tensor (piece
+  // tid + 256 i: row 8i + warp, column lane). The next tile's loads are in flight while the
+  // current one is scored. Rows past the split are zero (their V must not be NaN garbage).
   uint4 kreg[4], vreg[4];
   auto load_tile = [&](int t0) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int piece = tid + 256 * i, row = piece >> 5, col = piece & 31;
+      const int row = 8 * i + warp;
       kreg[i] = vreg[i] = make_uint4(0, 0, 0, 0);
-      if (t0 + row < s1) {
-        const size_t off = (size_t(t0 + row) * Hkv + g) * D + col * 8;
+      if (t0 + row < s_cached) {
+        const size_t off = (size_t(t0 + row) * Hkv + g) * D + lane * 8;
         kreg[i] = *reinterpret_cast<const uint4*>(a.kcache + off);
         vreg[i] = *reinterpret_cast<const uint4*>(a.vcache + off);
       }
     }
   };
   load_tile(s0);
+  float sn, cs;
+  sincosf(float(pos) * inv_freq, &sn, &cs);
+  // Query of head h = g*8 + warp: norm + rope, pre-scaled by D^-1/2. Each warp reads only its own
+  // row of qs; the first tile's barrier publishes it.
+  norm_rope(x, qw0, qw1, a.eps, cs, sn);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) x[e] *= 1.f / 16.f;
+  reinterpret_cast<float4*>(qs + warp * D)[2 * lane] = make_float4(x[0], x[1], x[2], x[3]);
+  reinterpret_cast<float4*>(qs + warp * D)[2 * lane + 1] = make_float4(x[4], x[5], x[6], x[7]);
+  // The new k/v row after q: with q's registers free, the tile loads in flight fit in 80 registers
+  // (3 blocks per SM at long contexts).
+  if (new_row) {
+    float kx[8], vx[8];
+    ld8(kx, a.k + size_t(g) * D + lane * 8);
+    ld8(vx, a.v + size_t(g) * D + lane * 8);
+    norm_rope(kx, reinterpret_cast<const float4*>(a.k_norm)[2 * lane],
+              reinterpret_cast<const float4*>(a.k_norm)[2 * lane + 1], a.eps, cs, sn);
+    const uint4 kb = pack_bf16x8(kx), vb = pack_bf16x8(vx);
+    const size_t off = (size_t(pos) * Hkv + g) * D + lane * 8;
+    *reinterpret_cast<uint4*>(a.kcache + off) = kb;
+    *reinterpret_cast<uint4*>(a.vcache + off) = vb;
+    knew[lane] = kb;  // read back by this same lane: no barrier
+    vnew[lane] = vb;
+  }
+
+  float m_run = -INFINITY, l_run = 0.f, acc[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+  const float* q = qs + warp * D;
   for (int t0 = s0; t0 < s1; t0 += kAttnTile) {
+    if (new_row && t0 == new_t0) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        if (i == new_i) { kreg[i] = knew[lane]; vreg[i] = vnew[lane]; }
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int piece = tid + 256 * i, row = piece >> 5, col = piece & 31;
-      uint32_t* kd = Ks + row * kKStride + col * 4;
+      const int row = 8 * i + warp;
+      uint32_t* kd = Ks + row * kKStride + lane * 4;
       kd[0] = kreg[i].x; kd[1] = kreg[i].y; kd[2] = kreg[i].z; kd[3] = kreg[i].w;
-      Vs[row * (D / 8) + col] = vreg[i];
+      Vs[row * (D / 8) + lane] = vreg[i];
     }
     __syncthreads();
-    if (t0 + kAttnTile < s1) load_tile(t0 + kAttnTile);
+    const bool more = t0 + kAttnTile < s1;
+    if (more) load_tile(t0 + kAttnTile);
     // Scores: lane = position; four independent partial sums (the dependent FMA chain was the
     // critical path of the tile).
     float p0 = 0.f, p1 = 0.f, p2 = 0.f, p3 = 0.f;
@@ -141,18 +175,19 @@ __global__ void __launch_bounds__(256) attn_split_kernel(const __grid_constant__
       p2 = fmaf(qq.z, __uint_as_float(k1 << 16), p2);
       p3 = fmaf(qq.w, __uint_as_float(k1 & 0xffff0000u), p3);
     }
-    float s = (p0 + p1) + (p2 + p3);
-    if (t0 + lane >= s1) s = -INFINITY;
-    const float mt = warp_max(s);
+    float sc = (p0 + p1) + (p2 + p3);
+    if (t0 + lane >= s1) sc = -INFINITY;
+    const float mt = warp_max(sc);
     const float m_new = fmaxf(m_run, mt);
     const float corr = expf(m_run - m_new);
-    const float p = expf(s - m_new);
+    const float p = expf(sc - m_new);
     l_run = l_run * corr + warp_sum(p);
     m_run = m_new;
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= corr;
-    const int n = min(kAttnTile, s1 - t0);
-    for (int jj = 0; jj < n; ++jj) {
+    // All 32 rows: past the split p is 0 and V is 0, so no runtime trip count.
+#pragma unroll 8
+    for (int jj = 0; jj < kAttnTile; ++jj) {
       const float pj = __shfl_sync(0xffffffffu, p, jj);
       const uint4 vv = Vs[jj * (D / 8) + lane];
       acc[0] = fmaf(pj, __uint_as_float(vv.x << 16), acc[0]);
@@ -164,7 +199,7 @@ __global__ void __launch_bounds__(256) attn_split_kernel(const __grid_constant__
       acc[6] = fmaf(pj, __uint_as_float(vv.w << 16), acc[6]);
       acc[7] = fmaf(pj, __uint_as_float(vv.w & 0xffff0000u), acc[7]);
     }
-    __syncthreads();
+    if (more) __syncthreads();  // the next tile overwrites Ks/Vs
   }
   float* out = a.partial + (size_t(h) * a.nsplit + sp) * (D + 2);
 #pragma unroll
@@ -188,9 +223,13 @@ __global__ void __launch_bounds__(256) attn_combine_kernel(const __grid_constant
   pdl_launch_dependents();
   pdl_wait();
   const int len = *a.pos + 1;
+  const float gate = warp == 0 ? a.qg[size_t(h) * 2 * D + D + d] : 0.f;  // in flight with pos
   const int chunk = chunk_for(len, a.nsplit);
   const int nvalid = (len + chunk - 1) / chunk;
   const float* base = a.partial + size_t(h) * a.nsplit * (D + 2);
+  // This warp's first split of the weighted sum, loaded with the maxima (after the barriers it
+  // was one more round trip).
+  const float v0 = warp < nvalid ? base[size_t(warp) * (D + 2) + d] : 0.f;
   float mx = -INFINITY;
   for (int s = tid; s < nvalid; s += 256) mx = fmaxf(mx, base[size_t(s) * (D + 2) + D]);
   mx = warp_max(mx);
@@ -207,16 +246,15 @@ __global__ void __launch_bounds__(256) attn_combine_kernel(const __grid_constant
     den += w * p[D + 1];
   }
   den = block_sum(den, red);  // its barriers also publish wts
-  float num = 0.f;
+  float num = warp < nvalid ? wts[warp] * v0 : 0.f;
 #pragma unroll 4
-  for (int s = warp; s < nvalid; s += 8) num += wts[s] * base[size_t(s) * (D + 2) + d];
+  for (int s = warp + 8; s < nvalid; s += 8) num += wts[s] * base[size_t(s) * (D + 2) + d];
   part[warp][lane] = num;
   __syncthreads();
   if (warp == 0) {
     float t = 0.f;
 #pragma unroll
     for (int w = 0; w < 8; ++w) t += part[w][lane];
-    const float gate = a.qg[size_t(h) * 2 * D + D + d];
     a.out[size_t(h) * D + d] = t / den * sigmoid_f(gate);
   }
 }

@@ -42,8 +42,10 @@ __global__ void __launch_bounds__(256) moe_gate_up_kernel(const __grid_constant_
     w[2 * j] = w[2 * j + 1] = nullptr;
     rows[2 * j] = rows[2 * j + 1] = 0;
     if (t < ntask) {
-      const int slot = int(t / a.I);
-      const int64_t row = int64_t(a.topk_idx[slot]) * a.I + t % a.I;
+      // 32-bit division (tasks <= 16 * I): the 64-bit one is a ~70-instruction call ahead of the
+      // topk_idx load that every weight load waits on.
+      const int slot = int(t) / int(a.I);
+      const int64_t row = int64_t(a.topk_idx[slot]) * a.I + (int(t) - slot * int(a.I));
       w[2 * j] = &a.gate;
       w[2 * j + 1] = &a.up;
       rows[2 * j] = rows[2 * j + 1] = row;
@@ -78,6 +80,7 @@ __global__ void __launch_bounds__(256, 2) moe_down_kernel(const __grid_constant_
   __shared__ float4 xs4[(kMaxK + 1) * KI / 4];
   __shared__ float xsum[(kMaxK + 1) * KI / 16];
   __shared__ float res[kDownRows][kMaxK + 1];
+  __shared__ float wts[kMaxK];
   float* xs = reinterpret_cast<float*>(xs4);
   const int tid = threadIdx.x;
   const int nm = a.topk + 1;
@@ -119,7 +122,17 @@ __global__ void __launch_bounds__(256, 2) moe_down_kernel(const __grid_constant_
   };
   pdl_launch_dependents();
   pdl_wait();
-  // First pass: expert rows' loads in flight while the activations are staged.
+  // The routing weights, the shared gate and this block's residual rows are loaded now, with
+  // topk_idx (the final combine used to load topk_w in its loop: one dependent round trip per
+  // expert at the very end).
+  float wk = 0.f, xr = 0.f, sgt = 0.f;
+  if (tid < a.topk) wk = a.topk_w[tid];
+  if (tid < kDownRows) {
+    xr = a.x[r0 + tid];
+    sgt = *a.sgate;
+  }
+  // First pass: expert rows' loads in flight while the activations are staged (their loads
+  // overlap the expert rows' round trip).
   const DMat* w0[P];
   int64_t rows0[P];
   SmemX X0[P];
@@ -150,6 +163,7 @@ __global__ void __launch_bounds__(256, 2) moe_down_kernel(const __grid_constant_
       }
     }
   }
+  if (tid < a.topk) wts[tid] = wk;
   __syncthreads();
   finish(0, L0, X0);
 #pragma unroll
@@ -165,9 +179,9 @@ __global__ void __launch_bounds__(256, 2) moe_down_kernel(const __grid_constant_
   __syncthreads();
   if (tid < kDownRows) {
     float acc = 0.f;
-    for (int m = 0; m < a.topk; ++m) acc += res[tid][m] * a.topk_w[m];
-    acc += sigmoid_f(*a.sgate) * res[tid][a.topk];
-    a.x[r0 + tid] += acc;
+    for (int m = 0; m < a.topk; ++m) acc += res[tid][m] * wts[m];
+    acc += sigmoid_f(sgt) * res[tid][a.topk];
+    a.x[r0 + tid] = xr + acc;
   }
 }
 

@@ -2,6 +2,13 @@
 // top-k (largest first, the lower expert index on ties, as the CPU oracle), renormalised weights;
 // the k selections are written in ascending expert order (the reference's accumulation order).
 // Used by the decode router GEMV's RouteTail (gemv.cu).
+//
+// It runs as the serial tail of a launch, so it is built for latency: lane l holds the P =
+// ceil(E/32) consecutive experts l*P.. (a lower lane holds lower indices, so "lowest lane among
+// the equal maxima" is the oracle's tie-break); each of the k rounds is a local max, one redux.sync
+// and one ballot; the ascending output order comes from each lane's selection mask and a prefix
+// count, with no sort. (The first version scanned experts lane + 32 i with two 5-step shuffle
+// reductions per round and insertion-sorted runtime-indexed arrays in local memory on lane 0.)
 #pragma once
 #include "cuda/common.cuh"
 
@@ -10,66 +17,83 @@ namespace kestrel::cuda {
 constexpr int kRouteMaxE = 512;
 constexpr int kRouteMaxK = 16;
 
+// An order-preserving u32 image of a float (for redux.sync max).
+__device__ __forceinline__ uint32_t f2ord(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+__device__ __forceinline__ float ord2f(uint32_t u) {
+  return __uint_as_float(u & 0x80000000u ? u & 0x7fffffffu : ~u);
+}
+
 // Call with the 32 lanes of one warp. logits are read through L2 (__ldcg): they were written by
 // other blocks of the same launch.
 __device__ __forceinline__ void moe_route_warp(const float* logits, int E, int topk, int* idx_out,
                                                float* w_out) {
   const int lane = threadIdx.x & 31;
   constexpr int kPer = kRouteMaxE / 32;
+  const int P = (E + 31) / 32;
+  const int e0 = lane * P;
   float p[kPer];
-  float mx = -INFINITY;
+  float lmx = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    const int e = lane + 32 * i;
-    p[i] = e < E ? __ldcg(logits + e) : -INFINITY;
-    mx = fmaxf(mx, p[i]);
+    const bool in = i < P && e0 + i < E;
+    p[i] = in ? __ldcg(logits + e0 + i) : -INFINITY;
+    lmx = fmaxf(lmx, p[i]);
   }
-  mx = warp_max(mx);
+  const float mx = ord2f(__reduce_max_sync(0xffffffffu, f2ord(lmx)));
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    const int e = lane + 32 * i;
-    p[i] = e < E ? expf(p[i] - mx) : 0.f;
+    p[i] = i < P && e0 + i < E ? expf(p[i] - mx) : 0.f;
     sum += p[i];
   }
   sum = warp_sum(sum);
+  // Selection keys: probability bits + 2 (p in [0, 1]: order-preserving as u32), 1 for a NaN
+  // (selectable only after every number: keeps k selections in range), 0 for padding or selected.
+  uint32_t key[kPer];
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) p[i] = (lane + 32 * i) < E ? p[i] / sum : -1.f;
-  int sel[kRouteMaxK];
-  float selp[kRouteMaxK];
+  for (int i = 0; i < kPer; ++i) {
+    p[i] /= sum;
+    key[i] = !(i < P && e0 + i < E) ? 0u : p[i] == p[i] ? __float_as_uint(p[i]) + 2u : 1u;
+  }
+  uint32_t mine = 0u;  // bit i: expert e0 + i selected
   float top = 0.f;
   for (int k = 0; k < topk; ++k) {
-    float bv = -2.f;
-    int bi = 0x7fffffff;
+    uint32_t lk = key[0];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      if (p[i] > bv) { bv = p[i]; bi = lane + 32 * i; }  // ascending e per lane: first max kept
+    for (int i = 1; i < kPer; ++i) lk = max(lk, key[i]);
+    const uint32_t m = __reduce_max_sync(0xffffffffu, lk);
+    const int win = __ffs(__ballot_sync(0xffffffffu, lk == m)) - 1;
+    top += m >= 2u ? __uint_as_float(m - 2u) : 0.f;  // selection order, as the oracle sums
+    if (lane == win) {
+      int bi = 0;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-    }
-    if (bi >= E) bi = k;  // NaN logits select nothing: keep the index in range (garbage, no fault)
-    sel[k] = bi;
-    selp[k] = bv;
-    top += bv;
+      for (int i = kPer - 1; i >= 0; --i)
+        if (key[i] == m) bi = i;  // the lowest index among this lane's maxima
 #pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      if (lane + 32 * i == bi) p[i] = -1.f;
-  }
-  if (lane == 0) {
-    // Ascending expert order (insertion sort of <= 16).
-    for (int a = 1; a < topk; ++a)
-      for (int b = a; b > 0 && sel[b] < sel[b - 1]; --b) {
-        const int ti = sel[b]; sel[b] = sel[b - 1]; sel[b - 1] = ti;
-        const float tp = selp[b]; selp[b] = selp[b - 1]; selp[b - 1] = tp;
-      }
-    for (int k = 0; k < topk; ++k) {
-      idx_out[k] = sel[k];
-      w_out[k] = selp[k] / top;
+      for (int i = 0; i < kPer; ++i)
+        if (i == bi) key[i] = 0u;
+      mine |= 1u << bi;
     }
   }
+  // Rank of each selection in ascending expert order: selections of lower lanes, then lower bits.
+  const int cnt = __popc(mine);
+  int before = cnt;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int t = __shfl_up_sync(0xffffffffu, before, o);
+    if (lane >= o) before += t;
+  }
+  before -= cnt;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    if (mine >> i & 1u) {
+      idx_out[before] = e0 + i;
+      w_out[before] = p[i] / top;
+      ++before;
+    }
 }
 
 }  // namespace kestrel::cuda

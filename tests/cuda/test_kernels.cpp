@@ -4,6 +4,7 @@
 #include "util.h"
 
 #include <algorithm>
+#include <numeric>
 
 namespace kestrel::cuda::test {
 namespace {
@@ -524,6 +525,64 @@ TEST(CudaMoe, DecodeMatchesCpu) {
   run_moe({256, 8, WFormat::BF16, WFormat::BF16}, seed++);
   run_moe({16, 4, WFormat::Q8, WFormat::BF16}, seed++);
   run_moe({8, 2, WFormat::Q4, WFormat::Q4}, seed++);
+}
+
+// The router GEMV's route tail on exact ties: router rows repeat with period 37, so equal logits
+// come in groups and the top-k must take the lower expert index first (the CPU oracle's order),
+// for expert counts that are and are not multiples of 32.
+void run_route(int E, int topk, uint32_t seed) {
+  std::mt19937 g(seed);
+  const int64_t H = 2048;
+  constexpr int kPeriod = 37;
+  auto base = make_mat(WFormat::BF16, kPeriod, H, g, 0.5f);
+  HostMat r;
+  r.m = base->m;
+  r.m.rows = E;
+  r.data.resize(size_t(E) * H * 2);
+  for (int e = 0; e < E; ++e)
+    std::copy_n(base->data.data() + size_t(e % kPeriod) * H * 2, H * 2, r.data.data() + size_t(e) * H * 2);
+  r.m.data = r.data.data();
+  const auto x = randv(size_t(H), g, -2.f, 2.f);
+  auto dR = to_dev(r.m);
+  auto dx = to_dev(x);
+  auto dl = poisoned(size_t(E));
+  DevBuf ti(64), tw(64), counter(4);
+  KCUDA(cudaMemset(counter.p, 0, 4));
+  KCUDA(cudaMemset(ti.p, 0xff, 64));
+  GemvArgs a;
+  a.M = 1;
+  a.K = H;
+  a.x = dx->as<float>();
+  a.ldx = H;
+  a.seg[0] = GemvSeg{dR->d, Epilogue::Store, dl->as<float>(), E, nullptr, nullptr, nullptr};
+  a.nseg = 1;
+  a.route = RouteTail{dl->as<float>(), E, topk, ti.as<int>(), tw.as<float>(), counter.as<unsigned>()};
+  gemv(a, nullptr);
+  const auto l = to_host<float>(*dl, size_t(E));
+  std::vector<int> order(static_cast<size_t>(E));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int u, int v) { return l[size_t(u)] > l[size_t(v)]; });
+  std::vector<int> want(order.begin(), order.begin() + topk);
+  std::sort(want.begin(), want.end());
+  const float mx = l[size_t(order[0])];
+  double top = 0;
+  for (int e : want) top += std::exp(double(l[size_t(e)]) - mx);
+  std::vector<float> wantw;
+  for (int e : want) wantw.push_back(float(std::exp(double(l[size_t(e)]) - mx) / top));
+  const std::string wh = fmt::format("route ties E={} k={}", E, topk);
+  EXPECT_EQ(to_host<int>(ti, size_t(topk)), want) << wh;
+  expect_close(to_host<float>(tw, size_t(topk)), wantw, 1e-6f, 1e-5f, wh + " weights");
+}
+
+TEST(CudaMoe, RouteTiesTakeLowerExpert) {
+  REQUIRE_GPU();
+  GemvRoutes::each([] {
+    uint32_t seed = 600;
+    run_route(256, 8, seed++);
+    run_route(200, 8, seed++);
+    run_route(512, 16, seed++);
+    run_route(40, 4, seed++);
+  });
 }
 
 }  // namespace
