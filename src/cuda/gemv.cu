@@ -494,7 +494,7 @@ void launch_rows(const GemvArgs& a, int64_t total, cudaStream_t s) {
 
 template <int K>
 bool try_launch_rows(const GemvArgs& a, int64_t total, cudaStream_t s) {
-  if (a.M != 1 || gemv_version() != 2) return false;
+  if (a.M != 1 || (gemv_version() != 2 && !a.stream_rows)) return false;
   for (int i = 1; i < a.nseg; ++i)
     if (a.seg[i].w.fmt != a.seg[0].w.fmt) return false;  // v2 is one format per launch
   switch (a.seg[0].w.fmt) {
