@@ -232,6 +232,7 @@ void prefill_attn_launch(const PrefillAttnArgs& a, cudaStream_t s);
 
 #ifndef __CUDACC__
 #include "core/check.h"
+#include <string>
 
 namespace kestrel::cuda {
 
@@ -266,7 +267,7 @@ inline void prefill_gemm(const PrefillGemmArgs& a, cudaStream_t s) {
   KESTREL_CHECK(a.a_div >= 1, "prefill_gemm: a_div {}", a.a_div);
   KESTREL_CHECK(a.aprec == PrefillAPrec::Split || (a.A != nullptr && a.range_flag != nullptr),
                 "prefill_gemm: the F16 route needs an fp32 A and a range flag");
-  KESTREL_CHECK(a.f16_limit > 0.f && a.f16_limit <= kF16Max, "prefill_gemm: f16_limit {}", a.f16_limit);
+  KESTREL_CHECK(a.f16_limit > 0.f && a.f16_limit <= kF16Max, "prefill_gemm: f16_limit {}", std::to_string(a.f16_limit));
   const int64_t g = a.groups > 0 ? a.groups : 1;
   prefill_check_mat(a.W, g * a.N, a.K, "prefill_gemm W");
   if (a.epi == GemmEpi::SiluMul) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include <spdlog/spdlog.h>
 
@@ -123,11 +124,13 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   moe_.sgate = take<float>(p.moe_sgate);
   moe_.router_logits_given = true;
   range_flag_ = take<unsigned>(4);  // 16-byte slot
-  for (int l = 0; l < c.num_layers; ++l) {
-    const bool gdn = m.layers[size_t(l)].kind == LayerKind::LinearAttention;
-    snap_conv_.push_back(gdn ? take<float>(p.conv_state) : nullptr);
-    snap_rec_.push_back(gdn ? take<float>(p.rec_state) : nullptr);
-  }
+  snap_conv_.assign(size_t(c.num_layers), nullptr);
+  snap_rec_.assign(size_t(c.num_layers), nullptr);
+  for (int l = 0; l < c.num_layers; ++l)
+    if (m.layers[size_t(l)].kind == LayerKind::LinearAttention) {
+      snap_conv_[size_t(l)] = take<float>(p.conv_state);
+      snap_rec_[size_t(l)] = take<float>(p.rec_state);
+    }
   KESTREL_CHECK(arena_.bytes() == p.bytes(), "prefill: scratch plan {} B but {} B allocated", p.bytes(),
                 arena_.bytes());
   set_aprec(prefill_aprec_from_env());
@@ -146,8 +149,10 @@ PrefillAPrec prefill_aprec_from_env() {
 }
 
 void PrefillStep::set_aprec(PrefillAPrec p, float f16_limit) {
-  KESTREL_CHECK(f16_limit > 0.f && f16_limit <= kF16Max, "prefill: fp16 limit {} outside (0, {}]",
-                f16_limit, kF16Max);
+  // Floats are printed by std::to_string: GCC 13 reports a false -Warray-bounds inside fmt 9's
+  // float formatting (bigint) when it is instantiated here.
+  KESTREL_CHECK(f16_limit > 0.f && f16_limit <= kF16Max, "prefill: fp16 limit {} outside (0, 65504]",
+                std::to_string(f16_limit));
   aprec_ = p;
   f16_limit_ = f16_limit;
 }
@@ -197,7 +202,7 @@ void PrefillStep::run(DSeq& sq, std::span<const int32_t> tokens, bool all_logits
         ++range_redos_;
         spdlog::warn("prefill: an activation of tokens {}..{} exceeds the fp16 range (limit {}); "
                      "redoing the chunk on the split-bf16 route", sq.length, sq.length + T - 1,
-                     f16_limit_);
+                     std::to_string(f16_limit_));
         snapshot(sq, true, s);
         chunk(sq, sq.length, T, PrefillAPrec::Split, s);
       }
