@@ -7,8 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-
-#include <spdlog/spdlog.h>
+#include <cstdio>
 
 namespace kestrel::cuda {
 
@@ -200,9 +199,12 @@ void PrefillStep::run(DSeq& sq, std::span<const int32_t> tokens, bool all_logits
       KCUDA(cudaStreamSynchronize(s));
       if (flag != 0) {
         ++range_redos_;
-        spdlog::warn("prefill: an activation of tokens {}..{} exceeds the fp16 range (limit {}); "
-                     "redoing the chunk on the split-bf16 route", sq.length, sq.length + T - 1,
-                     std::to_string(f16_limit_));
+        // stderr, not spdlog: GCC 13 reports a false -Warray-bounds in fmt 9's float formatting
+        // instantiated through spdlog in this file.
+        std::fprintf(stderr,
+                     "warning: prefill: an activation of tokens %lld..%lld exceeds the fp16 range "
+                     "(limit %g); redoing the chunk on the split-bf16 route\n",
+                     (long long)sq.length, (long long)(sq.length + T - 1), double(f16_limit_));
         snapshot(sq, true, s);
         chunk(sq, sq.length, T, PrefillAPrec::Split, s);
       }
