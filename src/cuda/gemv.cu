@@ -70,14 +70,6 @@ __device__ __forceinline__ void stage_x(const GemvArgs& a, float* xs, float* xsu
     }
   } else {
     constexpr int NV = (F4 + kThreads - 1) / kThreads;  // float4 per thread and row
-    // The norm weights are loaded with x (after the block sum they were one more round trip).
-    const bool rms = a.pro == Prologue::RmsNorm;
-    float4 nw[NV];
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int sl = tid + i * kThreads;
-      if (rms && sl < F4) nw[i] = ld4(a.norm_w + 4 * sl);
-    }
     for (int m = 0; m < M; ++m) {
       float4 v[NV];
       float ss = 0.f;
@@ -88,14 +80,14 @@ __device__ __forceinline__ void stage_x(const GemvArgs& a, float* xs, float* xsu
         if (sl < F4) v[i] = ld4(a.x + size_t(m) * a.ldx + 4 * sl);
         ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
       }
-      if (rms) {
+      if (a.pro == Prologue::RmsNorm) {
         ss = block_sum(ss, red);
         const float inv = 1.f / sqrtf(ss / float(K) + a.eps);
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
           const int sl = tid + i * kThreads;
           if (sl < F4) {
-            const float4 w = nw[i];
+            const float4 w = ld4(a.norm_w + 4 * sl);
             v[i].x = v[i].x * inv * w.x;
             v[i].y = v[i].y * inv * w.y;
             v[i].z = v[i].z * inv * w.z;
@@ -135,49 +127,8 @@ __device__ __forceinline__ void route_tail(const RouteTail& r) {
   if (threadIdx.x == 0) *r.counter = 0u;
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(uint32_t(__cvta_generic_to_shared(smem))),
-               "l"(gmem)
-               : "memory");
-}
-
-// Bytes of codes/elements of one row of K columns.
-template <int K>
-__device__ __forceinline__ size_t row_bytes(DFmt f) {
-  return f == DFmt::BF16 ? size_t(K) * 2 : f == DFmt::Q8 ? size_t(K) : size_t(K) / 2;
-}
-
-// The dot of a row whose chunks, then scales, then biases (bf16 [K/64] each) lie in shared
-// memory at `pre` (the warp's first row, copied there before pdl_wait). Numerics of row_dot.
-template <DFmt F, int K>
-__device__ __forceinline__ void row_dot_pre(const char* pre, const SmemX& X, int li, float (&acc)[1]) {
-  constexpr int kChunks = K / Fmt<F>::kEpc;
-  constexpr int NCH = kChunks / 32;
-  const uint4* q = reinterpret_cast<const uint4*>(pre);
-  if constexpr (F == DFmt::BF16) {
-#pragma unroll
-    for (int i = 0; i < NCH; ++i) chunk_dot<F, 1>(q[li + 32 * i], 0.f, 0.f, li + 32 * i, X, 1, acc);
-  } else {
-    constexpr int kCPG = 64 / Fmt<F>::kEpc;
-    const uint16_t* sc = reinterpret_cast<const uint16_t*>(pre + kChunks * 16);
-    const uint16_t* bi = sc + K / 64;
-#pragma unroll
-    for (int i = 0; i < NCH; ++i) {
-      const int c = li + 32 * i;
-      chunk_dot<F, 1>(q[c], bf16_bits_to_f32(sc[c / kCPG]), bf16_bits_to_f32(bi[c / kCPG]), c, X, 1, acc);
-    }
-  }
-}
-
-// pre_stride > 0 (M = 1 only): each warp's first row is copied (cp.async) into pre_stride bytes of
-// shared memory before pdl_wait, so its loads are in flight during the wait and the activation
-// staging and the row's dot waits on no memory round trip (with only an L2 prefetch, the row's
-// loads were issued after the staging: one L2 round trip on every launch's critical path).
-// M = 1, K <= 2048 is held to 64 registers: its grid (up to 4 blocks per SM) must be resident at
-// once.
 template <int K, int MM>
-__global__ void __launch_bounds__(kThreads, MM == 1 && K <= 2048 ? 4 : 1)
-    gemv_kernel(const __grid_constant__ GemvArgs a, int64_t total_rows, int pre_stride) {
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ GemvArgs a, int64_t total_rows) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);
   float* xsum = xs + size_t(a.M) * K;
@@ -185,30 +136,16 @@ __global__ void __launch_bounds__(kThreads, MM == 1 && K <= 2048 ? 4 : 1)
   __shared__ unsigned long long best_s[kWarps][kMaxGemvRows];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int M = a.M;
-  const int64_t r0 = int64_t(blockIdx.x) * kWarps + warp;
-  char* pre = reinterpret_cast<char*>(xsum + size_t(M) * (K / 16)) + size_t(warp) * pre_stride;
-  bool pre_on = false;
   pdl_launch_dependents();
-  // Weights do not depend on the previous kernel: start this warp's first row.
-  if (r0 < total_rows) {
-    int s = 0;
-    int64_t r = r0;
-    while (r >= a.seg[s].w.rows) r -= a.seg[s++].w.rows;
-    const DMat& w = a.seg[s].w;
-    const size_t rb = row_bytes<K>(w.fmt);
-    const char* p = static_cast<const char*>(w.data) + size_t(r) * rb;
-    if (MM == 1 && pre_stride > 0) {
-      pre_on = true;
-      for (size_t off = size_t(lane) * 16; off < rb; off += 32 * 16) cp_async16(pre + off, p + off);
-      if (w.fmt != DFmt::BF16) {
-        constexpr size_t sb = K / 64 * 2;  // bytes of scales per row (a multiple of 16)
-        for (size_t off = size_t(lane) * 16; off < sb; off += 32 * 16) {
-          cp_async16(pre + rb + off, reinterpret_cast<const char*>(w.scales) + size_t(r) * sb + off);
-          cp_async16(pre + rb + sb + off, reinterpret_cast<const char*>(w.biases) + size_t(r) * sb + off);
-        }
-      }
-      asm volatile("cp.async.commit_group;" ::: "memory");
-    } else {
+  // Weights do not depend on the previous kernel: start this warp's first row towards L2.
+  {
+    int64_t r = int64_t(blockIdx.x) * kWarps + warp;
+    if (r < total_rows) {
+      int s = 0;
+      while (r >= a.seg[s].w.rows) r -= a.seg[s++].w.rows;
+      const DMat& w = a.seg[s].w;
+      const size_t rb = w.fmt == DFmt::BF16 ? size_t(K) * 2 : w.fmt == DFmt::Q8 ? size_t(K) : size_t(K) / 2;
+      const char* p = static_cast<const char*>(w.data) + size_t(r) * rb;
       for (size_t off = size_t(lane) * 128; off < rb; off += 32 * 128)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
     }
@@ -216,12 +153,6 @@ __global__ void __launch_bounds__(kThreads, MM == 1 && K <= 2048 ? 4 : 1)
   pdl_wait();
 
   stage_x<K>(a, xs, xsum, red);
-  if (pre_on) {
-    // Each lane waits for its own copies; the warp barrier publishes them to the other lanes
-    // (a lane reads scales another lane copied).
-    asm volatile("cp.async.wait_all;" ::: "memory");
-  }
-  __syncwarp();
 
   // ---- rows: one warp per weight row ----
   const SmemX X{xs, xsum, K};
@@ -238,22 +169,7 @@ __global__ void __launch_bounds__(kThreads, MM == 1 && K <= 2048 ? 4 : 1)
     float acc[MM];
 #pragma unroll
     for (int m = 0; m < MM; ++m) acc[m] = 0.f;
-    if constexpr (MM == 1) {
-      if (pre_on) {  // the first row (warp-uniform)
-        pre_on = false;
-        if (sg.w.fmt == DFmt::Q4) {
-          if constexpr (kFits<DFmt::Q4, K, 32>) row_dot_pre<DFmt::Q4, K>(pre, X, lane, acc);
-        } else if (sg.w.fmt == DFmt::Q8) {
-          if constexpr (kFits<DFmt::Q8, K, 32>) row_dot_pre<DFmt::Q8, K>(pre, X, lane, acc);
-        } else {
-          row_dot_pre<DFmt::BF16, K>(pre, X, lane, acc);
-        }
-      } else {
-        row_dot_any<K, 32, MM>(sg.w, lr, X, M, lane, acc);
-      }
-    } else {
-      row_dot_any<K, 32, MM>(sg.w, lr, X, M, lane, acc);
-    }
+    row_dot_any<K, 32, MM>(sg.w, lr, X, M, lane, acc);
 #pragma unroll
     for (int m = 0; m < MM; ++m)
       if (m < M) acc[m] = warp_sum(acc[m]);
@@ -494,7 +410,7 @@ void launch_rows(const GemvArgs& a, int64_t total, cudaStream_t s) {
 
 template <int K>
 bool try_launch_rows(const GemvArgs& a, int64_t total, cudaStream_t s) {
-  if (a.M != 1 || (gemv_version() != 2 && !a.stream_rows)) return false;
+  if (a.M != 1 || gemv_version() != 2) return false;
   for (int i = 1; i < a.nseg; ++i)
     if (a.seg[i].w.fmt != a.seg[0].w.fmt) return false;  // v2 is one format per launch
   switch (a.seg[0].w.fmt) {
@@ -508,33 +424,12 @@ bool try_launch_rows(const GemvArgs& a, int64_t total, cudaStream_t s) {
   }
 }
 
-// Shared bytes per warp for gemv_kernel's first-row copy (0: not used): the largest row of the
-// segments with its scales and biases. Needs 16-byte aligned rows, scales and biases.
-template <int K>
-int pre_stride(const GemvArgs& a) {
-  size_t st = 0;
-  for (int i = 0; i < a.nseg; ++i) {
-    const DMat& w = a.seg[i].w;
-    const bool affine = w.fmt != DFmt::BF16;
-    if (reinterpret_cast<uintptr_t>(w.data) % 16 != 0) return 0;
-    if (affine && (reinterpret_cast<uintptr_t>(w.scales) % 16 != 0 ||
-                   reinterpret_cast<uintptr_t>(w.biases) % 16 != 0))
-      return 0;
-    st = std::max(st, w.row_bytes() + (affine ? size_t(K) / 64 * 4 : 0));
-  }
-  return int(st);
-}
-// Most dynamic shared memory gemv_kernel<K, 1> asks for (BF16 rows of 2K bytes).
-template <int K>
-constexpr int kSmem1 = K * 4 + (K / 16) * 4 + kWarps * K * 2;
-
 template <int K, int MM>
 void launch_gemv_mm(const GemvArgs& a, int64_t total, cudaStream_t s) {
-  const int pre = MM == 1 ? pre_stride<K>(a) : 0;
-  const size_t smem = size_t(a.M) * K * 4 + size_t(a.M) * (K / 16) * 4 + size_t(kWarps) * pre;
+  const size_t smem = size_t(a.M) * K * 4 + size_t(a.M) * (K / 16) * 4;
   const int64_t want = (total + kWarps - 1) / kWarps;
   const int blocks = int(std::min<int64_t>(want, int64_t(num_sms()) * 4));
-  launch_pdl(gemv_kernel<K, MM>, dim3(blocks), dim3(kThreads), smem, s, a, total, pre);
+  launch_pdl(gemv_kernel<K, MM>, dim3(blocks), dim3(kThreads), smem, s, a, total);
 }
 
 // Decode (M = 1) gets its own instantiation: the M <= 8 one holds 8 accumulators per lane.
@@ -553,7 +448,8 @@ template <int K>
 void set_smem_limit() {
   KCUDA(cudaFuncSetAttribute(gemv_kernel<K, kMaxGemvRows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              int(kMaxGemvRows * K * 4 + kMaxGemvRows * (K / 16) * 4)));
-  KCUDA(cudaFuncSetAttribute(gemv_kernel<K, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem1<K>));
+  KCUDA(cudaFuncSetAttribute(gemv_kernel<K, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             int(K * 4 + (K / 16) * 4)));
 }
 
 void gemv_init() {
