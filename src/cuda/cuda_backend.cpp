@@ -702,7 +702,6 @@ class CudaBackend final : public Backend {
     g.seg[0] = GemvSeg{m_->lm_head, Epilogue::Logits, sc_.logits, c.vocab_size, nullptr, nullptr,
                        greedy ? sc_.argmax : nullptr, greedy ? sq.vocab_limit : 0};
     g.nseg = 1;
-    g.stream_rows = true;  // 248K rows: the streaming route (bench/NOTES.md, v4)
     gemv(g, s_);
   }
 

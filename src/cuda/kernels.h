@@ -103,10 +103,6 @@ struct GemvArgs {
   GemvSeg seg[kMaxGemvSegs];
   int nseg = 0;
   RouteTail route;
-  // M = 1: take the streaming (v2) route whatever gemv_version() says. For launches whose rows
-  // far outnumber the resident warps (lm_head: 248K rows), where v1's one dependent row at a
-  // time per warp reached 1.7 TB/s (profile at da3230e).
-  bool stream_rows = false;
 };
 void gemv(const GemvArgs& a, cudaStream_t s);
 // One-time kernel attributes (large dynamic shared memory); call before any graph capture.
