@@ -52,7 +52,7 @@ struct BenchOpts {
   std::string gemv = "1";    // GEMV route for M = 1: 1 | 2 | both
   std::string prefill;       // prompt lengths: run the prefill benchmark instead of decode
   int prefill_runs = 3;      // timed runs per prompt of <= 8192 tokens (one for longer)
-  std::string prefill_aprec = "f16";  // GEMM route of fp32 activations: f16 | split | both
+  std::string prefill_aprec = "split";  // GEMM route of fp32 activations: split | f16 | both
 };
 
 constexpr double kBandwidth = 4.0e12;  // measured H200 ceiling (performance.md §0.1), bytes/s

@@ -837,7 +837,7 @@ class CudaBackend final : public Backend {
   cudaEvent_t ring_ev_[4] = {};
   int64_t prefill_chunk_ = kPrefillMaxChunk;
   bool prefill_route_set_ = false;  // set_prefill_aprec called: overrides KESTREL_PREFILL_APREC
-  PrefillAPrec prefill_aprec_ = PrefillAPrec::F16;
+  PrefillAPrec prefill_aprec_ = PrefillAPrec::Split;
   float prefill_f16_limit_ = kF16Max;
   std::unique_ptr<PrefillStep> prefill_;  // after m_: destroyed first (it refers to *m_)
 };

@@ -15,8 +15,9 @@
 //   all_logits, every row of every chunk through the tensor-core GEMM in blocks of kLogitRows.
 // Scratch is allocated once, at construction, for max_chunk tokens; nothing is allocated per
 // step. Inside a chunk nothing synchronises the host; the logits copies at the end do.
-// GEMM route (PrefillAPrec, prefill.h): F16 (default; one fp16 plane per fp32 activation) or Split
-// (bf16 hi + lo, the fp32 oracle's numbers to accumulation order, ~1.5-2x slower). On the F16
+// GEMM route (PrefillAPrec, prefill.h): Split (default: bf16 hi + lo, the fp32 oracle's numbers to
+// accumulation order) or F16 (opt-in: one fp16 plane per fp32 activation, +22 % at 4K, and it
+// misses the end-to-end bound on random real-width models: bench/PREFILL_NOTES.md v4). On the F16
 // route every chunk first snapshots the sequence's conv windows and GDN states and ends with one
 // host read of the range flag; if an activation exceeded the fp16 range, the chunk is redone on
 // the Split route from the snapshot (KV rows are simply rewritten), with a warning: never a
@@ -86,7 +87,7 @@ class PrefillStep {
     float* logits;     // [kLogitRows, vocab]
   };
 
-  void chunk(DSeq& sq, int64_t pos0, int64_t T, PrefillAPrec route, cudaStream_t s);
+  void chunk(DSeq& sq, int64_t pos0, int64_t T, bool exact, cudaStream_t s);
   void snapshot(const DSeq& sq, bool restore, cudaStream_t s);
   void gdn_layer(const DLayer& d, DSeq& sq, int l, int64_t T, cudaStream_t s);
   void attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int64_t T, cudaStream_t s);
@@ -110,13 +111,16 @@ class PrefillStep {
   std::vector<std::pair<void*, size_t>> allocs_;
   Buffers buf_{};
   MoePrefillScratch moe_{};
-  PrefillAPrec aprec_ = PrefillAPrec::F16;
-  PrefillAPrec route_ = PrefillAPrec::F16;  // of the chunk being enqueued
+  PrefillAPrec aprec_ = PrefillAPrec::Split;
+  PrefillAPrec route_ = PrefillAPrec::Split;  // of the chunk being enqueued
   float f16_limit_ = kF16Max;
   unsigned* range_flag_ = nullptr;          // device word
   std::vector<float*> snap_conv_, snap_rec_;  // per GDN layer (F16 route's redo)
   int64_t range_redos_ = 0;
   int moe_bm_ = 0;  // KESTREL_PREFILL_MOE_BM (F16 route; 0 = default)
+  bool attn_override_ = false;  // KESTREL_PREFILL_ATTN_APREC set (diagnosis)
+  PrefillAPrec attn_aprec_ = PrefillAPrec::Split;  // meaningful with attn_override_
+  PrefillAPrec attn_route_ = PrefillAPrec::Split;  // of the chunk being enqueued
 };
 
 // Test / tuning hooks of a CUDA backend (defined in cuda_backend.cpp): the prompt chunk size
@@ -130,7 +134,7 @@ void poison_prefill_scratch(Backend& b);
 // chunks it redid on the Split route (tests).
 void set_prefill_aprec(Backend& b, PrefillAPrec p, float f16_limit = kF16Max);
 int64_t prefill_range_redos(const Backend& b);
-// KESTREL_PREFILL_APREC: "f16" (default) or "split"; anything else is an error.
+// KESTREL_PREFILL_APREC: "split" (default) or "f16"; anything else is an error.
 PrefillAPrec prefill_aprec_from_env();
 
 }  // namespace kestrel::cuda

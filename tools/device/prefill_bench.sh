@@ -4,7 +4,7 @@
 # kind=prefill). Called by tools/gpu_check.sh when present (KESTREL_BIN, RESULTS set there), or by
 # hand from the repo root:
 #   bash tools/device/prefill_bench.sh            # KESTREL_BIN defaults to build-gpu/kestrel
-# The q4 short prompts on both GEMM routes (f16, split), the rest on f16 unless APREC is set. Order: the short prompts of both formats first, then 32K, then 128K, one process each (the
+# The q4 short prompts on both GEMM routes (split, f16), the rest on split (the default) unless APREC is set. Order: the short prompts of both formats first, then 32K, then 128K, one process each (the
 # synthetic model is rebuilt per process, a few seconds), so that an outer time limit cuts the
 # longest runs and keeps the records already written.
 set -uo pipefail
@@ -22,10 +22,10 @@ run() {  # weights prompts timeout_s
 }
 run q4 512,4096 60                                  # both routes (APREC default: both)
 APREC=f16 KESTREL_PREFILL_MOE_BM=64 run q4 4096 60  # the F16 route with 64-row expert tiles
-APREC=${APREC:-f16} run bf16 512,4096 60
-APREC=${APREC:-f16} run q4 32768 60
-APREC=${APREC:-f16} run bf16 32768 60
-APREC=${APREC:-f16} run q4 131072 150
-APREC=${APREC:-f16} run bf16 131072 150
+APREC=${APREC:-split} run bf16 512,4096 60
+APREC=${APREC:-split} run q4 32768 60
+APREC=${APREC:-split} run bf16 32768 60
+APREC=${APREC:-split} run q4 131072 150
+APREC=${APREC:-split} run bf16 131072 150
 ls -la "$RES"/prefill-*.json 2>/dev/null
 exit $rc
