@@ -26,6 +26,6 @@ APREC=${APREC:-split} run bf16 512,4096 60
 APREC=${APREC:-split} run q4 32768 60
 APREC=${APREC:-split} run bf16 32768 60
 APREC=${APREC:-split} run q4 131072 150
-APREC=${APREC:-split} run bf16 131072 150
+[ "${SKIP_BF16_128K:-0}" = 1 ] || APREC=${APREC:-split} run bf16 131072 150
 ls -la "$RES"/prefill-*.json 2>/dev/null
 exit $rc
