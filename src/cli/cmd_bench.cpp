@@ -5,11 +5,13 @@
 // replays after warm-up), achieved_gb_per_s (bytes the step must move / median step time),
 // floor_tok_per_s at 4.0 TB/s and the fraction reached, gpu, git_sha, date.
 //   kestrel bench --synthetic q4|bf16 --prefill 512,4096,32768,131072 [--prefill-runs 3]
+//                 [--prefill-aprec split|f16|both]   (the GEMM route: split, the default, is exact)
 // Prompt (prefill) speed instead: each prompt of random tokens through the backend's real step
 // (Backend::step on a fresh sequence, last-token logits back on the host: the time to first
 // token), wall-clock; one untimed warm-up prompt first, then the median of --prefill-runs runs
 // for prompts up to 8192 tokens and one run for longer ones. Records: kind=prefill, weights,
-// prompt_tokens, tok_per_s, achieved_tflops (see prefill_flops), ttft_ms, gpu, git_sha, date.
+// prompt_tokens, aprec, range_redos, tok_per_s, achieved_tflops (see prefill_flops), ttft_ms, gpu,
+// git_sha, date.
 #include "cli/commands.h"
 #include "core/check.h"
 #include "engine/engine.h"
