@@ -119,18 +119,6 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|Failure|error" "$W/test_cuda.log" | head -40 | tee -a "$SUMMARY"
   pack
 
-  # ---- 2b. which part of the opt-in F16 prompt route misses the end-to-end bound: the GEMMs on
-  # F16 with the attention exact, then the attention on F16 with the GEMMs exact.
-  for d in "f16 split" "split f16"; do
-    set -- $d
-    T0=$(date +%s)
-    KESTREL_PREFILL_APREC=$1 KESTREL_PREFILL_ATTN_APREC=$2 timeout 120 "$BIN/test_cuda" \
-      --gtest_filter='PrefillE2E.RandomRealWidth*:CudaBackend.MatchesCpuBackendQ4' > "$W/diag_gemm_$1_attn_$2.log" 2>&1
-    note "diagnosis gemm=$1 attention=$2: rc=$? in $(( $(date +%s) - T0 )) s"
-    grep -E "worst logits error|prompt logits|^\[  (PASSED|FAILED) " "$W/diag_gemm_$1_attn_$2.log" | sort | uniq | head -12 | tee -a "$SUMMARY"
-  done
-  pack
-
   # ---- 3. compute-sanitizer
   if [ "$SANITIZE" = 1 ]; then
     T0=$(date +%s)

@@ -10,8 +10,9 @@
 //
 // Activations are fp32 (the CPU oracle's precision). The GEMM keeps quantised weights as exact
 // integers and takes fp32 activations either as two bf16 parts (hi + lo: the oracle's numbers to
-// accumulation order) or as one fp16 plane (PrefillAPrec; see prefill_gemm.cu); attention splits
-// q and P into hi + lo; accumulation fp32. Nothing here synchronises the host: every entry point is
+// accumulation order) or as one fp16 plane (PrefillAPrec; see prefill_gemm.cu); attention always
+// splits q and P into hi + lo (an fp16 attention measured slower: its K/V conversion in the
+// staging cost more than the halved MMAs saved); accumulation fp32. Nothing here synchronises the host: every entry point is
 // asynchronous on its stream and graph-capturable (grid sizes depend only on host-known bounds).
 #pragma once
 #include "cuda/kernels.h"
@@ -199,7 +200,7 @@ void prefill_gdn_launch(const PrefillGdnArgs& a, cudaStream_t s);
 // Causal flash attention of T new tokens at positions pos0..pos0+T-1 (head dim 256, GQA).
 // Prep: qg fp32 [T, heads*2D] raw q_proj (query then gate per head), k, v fp32 [T, kv_heads*D];
 // q/k RMSNorm (effective weights) + NeoX RoPE on the first rotary_dim dims at position pos0+t;
-// q (Split: bf16 hi + lo parts, [2, T, heads, D]; F16: one fp16 plane) to qbuf, k (normed, roped) and v to the bf16 caches
+// q (as bf16 hi + lo parts, [2, T, heads, D]) to qbuf, k (normed, roped) and v to the bf16 caches
 // [capacity, kv_heads, D] at rows pos0..pos0+T-1.
 // Attention: out[t, h, :] = softmax(q k^T / sqrt(D)) v over keys 0..pos0+t, times sigmoid(gate)
 // when gated; fp32 [T, heads*D].
@@ -218,11 +219,6 @@ struct PrefillAttnArgs {
   float* out = nullptr;         // fp32 [T, heads*D]
   bool gated = true;
   int heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;
-  // F16: q and P as one fp16 plane, K/V tiles converted to fp16 (qbuf's lo half unused); values
-  // beyond f16_limit clamped and reported in *range_flag (see PrefillAPrec).
-  PrefillAPrec aprec = PrefillAPrec::Split;
-  unsigned* range_flag = nullptr;
-  float f16_limit = kF16Max;
 };
 void prefill_attn_init();
 void prefill_attn_prep_launch(const PrefillAttnArgs& a, cudaStream_t s);
@@ -396,9 +392,6 @@ inline void prefill_attn(const PrefillAttnArgs& a, cudaStream_t s) {
   auto al = [](const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; };
   KESTREL_CHECK(al(a.qbuf, 16) && al(a.kcache, 16) && al(a.vcache, 16) && al(a.out, 8),
                 "prefill_attn: qbuf/kcache/vcache need 16-byte, out 8-byte alignment");
-  KESTREL_CHECK(a.aprec == PrefillAPrec::Split ||
-                    (a.range_flag != nullptr && a.f16_limit > 0.f && a.f16_limit <= kF16Max),
-                "prefill_attn: the F16 route needs a range flag and a limit in (0, 65504]");
   prefill_attn_prep_launch(a, s);
   prefill_attn_launch(a, s);
 }

@@ -6,10 +6,6 @@
 // appended to the bf16 KV cache in the decode layout [capacity, kv_heads, D]. Epilogue: 1/l and the
 // sigmoid output gate.
 //
-// F16 route (PrefillAPrec::F16): q and P as one fp16 plane each, K/V converted bf16 -> fp16 while
-// staged (exact for 2^-14 <= |x| <= 65504; beyond the limit clamped and reported in range_flag, as
-// the GEMM does): half the MMAs and no second q plane in shared memory.
-//
 // Block = 64 query rows of one head (4 warps x 16 rows); key tiles of 32 staged in shared memory.
 #include "cuda/common.cuh"
 #include "cuda/prefill.h"
@@ -25,10 +21,9 @@ constexpr int DP = D + 8;  // padded shared row (bf16)
 constexpr int QT = 64, KT = 32;
 constexpr int kThreads = 128;
 
-template <bool H>
 struct AttnSmem {
   uint16_t q[QT][DP];
-  uint16_t ql[H ? 1 : QT][DP];  // Split: q's lo plane
+  uint16_t ql[QT][DP];
   uint16_t k[KT][DP];
   uint16_t v[KT][DP];
 };
@@ -51,7 +46,7 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a)
     src = a.qg + t * (int64_t(a.heads) * 2 * D) + int64_t(h) * 2 * D;
     w = a.q_norm;
     dst = a.qbuf + (t * a.heads + h) * D;
-    if (a.aprec == PrefillAPrec::Split) dst_lo = dst + a.T * a.heads * D;
+    dst_lo = dst + a.T * a.heads * D;
   } else if (row < nq + nk) {
     const int64_t r = row - nq;
     t = r / a.kv_heads;
@@ -93,19 +88,6 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a)
 #pragma unroll
     for (int e = 0; e < 8; ++e) x[e] = buf[warp][8 * lane + e];
   }
-  if (row < nq && a.aprec == PrefillAPrec::F16) {  // q as one fp16 plane
-    bool out = false;
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-      if (fabsf(x[e]) > a.f16_limit) {
-        x[e] = copysignf(a.f16_limit, x[e]);
-        out = true;
-      }
-    if (out) atomicOr(a.range_flag, 1u);
-    reinterpret_cast<uint4*>(dst)[lane] = make_uint4(pf::pack_f16(x[0], x[1]), pf::pack_f16(x[2], x[3]),
-                                                     pf::pack_f16(x[4], x[5]), pf::pack_f16(x[6], x[7]));
-    return;
-  }
   uint4 o;
   o.x = pf::pack_bf16(x[0], x[1]);
   o.y = pf::pack_bf16(x[2], x[3]);
@@ -122,23 +104,9 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a)
   }
 }
 
-// bf16 pair word -> fp16 pair word, clamped to +-limit (out set when clamped; NaN stays NaN).
-__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w, float limit, bool& out) {
-  float lo = pf::bf16_lo(w), hi = pf::bf16_hi(w);
-  if (fabsf(lo) > limit) { lo = copysignf(limit, lo); out = true; }
-  if (fabsf(hi) > limit) { hi = copysignf(limit, hi); out = true; }
-  return pf::pack_f16(lo, hi);
-}
-__device__ __forceinline__ uint4 bf16x8_to_f16x8(uint4 v, float limit, bool& out) {
-  return make_uint4(bf16x2_to_f16x2(v.x, limit, out), bf16x2_to_f16x2(v.y, limit, out),
-                    bf16x2_to_f16x2(v.z, limit, out), bf16x2_to_f16x2(v.w, limit, out));
-}
-
-template <bool H>
 __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  AttnSmem<H>& sm = *reinterpret_cast<AttnSmem<H>*>(smem_raw);
-  bool out_of_range = false;  // H: a K/V element beyond the fp16 limit was clamped
+  AttnSmem& sm = *reinterpret_cast<AttnSmem*>(smem_raw);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int h = blockIdx.y, kvh = h / (a.heads / a.kv_heads);
   const int64_t q0 = int64_t(blockIdx.x) * QT;
@@ -152,10 +120,10 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
     uint4 v = make_uint4(0, 0, 0, 0), vl = make_uint4(0, 0, 0, 0);
     if (t < a.T) {
       v = reinterpret_cast<const uint4*>(a.qbuf + (t * a.heads + h) * D)[c8];
-      if constexpr (!H) vl = reinterpret_cast<const uint4*>(a.qbuf + (a.T + t) * a.heads * D + int64_t(h) * D)[c8];
+      vl = reinterpret_cast<const uint4*>(a.qbuf + (a.T + t) * a.heads * D + int64_t(h) * D)[c8];
     }
     *reinterpret_cast<uint4*>(&sm.q[r][8 * c8]) = v;
-    if constexpr (!H) *reinterpret_cast<uint4*>(&sm.ql[r][8 * c8]) = vl;
+    *reinterpret_cast<uint4*>(&sm.ql[r][8 * c8]) = vl;
   }
 
   float o[32][4];
@@ -177,10 +145,6 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
       if (kp < nkeys) {
         kv = reinterpret_cast<const uint4*>(a.kcache + kp * kstride + int64_t(kvh) * D)[c8];
         vv = reinterpret_cast<const uint4*>(a.vcache + kp * kstride + int64_t(kvh) * D)[c8];
-        if constexpr (H) {
-          kv = bf16x8_to_f16x8(kv, a.f16_limit, out_of_range);
-          vv = bf16x8_to_f16x8(vv, a.f16_limit, out_of_range);
-        }
       }
       *reinterpret_cast<uint4*>(&sm.k[r][8 * c8]) = kv;
       *reinterpret_cast<uint4*>(&sm.v[r][8 * c8]) = vv;
@@ -196,20 +160,15 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
     for (int ks = 0; ks < D / 16; ++ks) {
       uint32_t af[4], afl[4];
       pf::ldsm_x4(af, &sm.q[warp * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
-      if constexpr (!H) pf::ldsm_x4(afl, &sm.ql[warp * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
+      pf::ldsm_x4(afl, &sm.ql[warp * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
         uint32_t r[4];
         pf::ldsm_x4(r, &sm.k[np * 16 + (lane & 7) + (lane >> 4) * 8][ks * 16 + ((lane >> 3) & 1) * 8]);
-        if constexpr (H) {
-          pf::mma_f16(s[2 * np], af, r[0], r[1]);
-          pf::mma_f16(s[2 * np + 1], af, r[2], r[3]);
-        } else {
-          pf::mma_bf16(s[2 * np], af, r[0], r[1]);
-          pf::mma_bf16(s[2 * np + 1], af, r[2], r[3]);
-          pf::mma_bf16(s[2 * np], afl, r[0], r[1]);
-          pf::mma_bf16(s[2 * np + 1], afl, r[2], r[3]);
-        }
+        pf::mma_bf16(s[2 * np], af, r[0], r[1]);
+        pf::mma_bf16(s[2 * np + 1], af, r[2], r[3]);
+        pf::mma_bf16(s[2 * np], afl, r[0], r[1]);
+        pf::mma_bf16(s[2 * np + 1], afl, r[2], r[3]);
       }
     }
     // Online softmax (base 2), causal mask.
@@ -254,20 +213,6 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
 #pragma unroll
     for (int kk = 0; kk < KT / 16; ++kk) {
       uint32_t af[4], afl[4];
-      if constexpr (H) {  // P in [0, 1]: one fp16 plane
-        af[0] = pf::pack_f16(p[2 * kk][0], p[2 * kk][1]);
-        af[1] = pf::pack_f16(p[2 * kk][2], p[2 * kk][3]);
-        af[2] = pf::pack_f16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-        af[3] = pf::pack_f16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
-#pragma unroll
-        for (int dp = 0; dp < D / 16; ++dp) {
-          uint32_t r[4];
-          pf::ldsm_x4_t(r, &sm.v[kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][dp * 16 + (lane >> 4) * 8]);
-          pf::mma_f16(o[2 * dp], af, r[0], r[1]);
-          pf::mma_f16(o[2 * dp + 1], af, r[2], r[3]);
-        }
-        continue;
-      }
       af[0] = pf::pack_bf16(p[2 * kk][0], p[2 * kk][1]);
       af[1] = pf::pack_bf16(p[2 * kk][2], p[2 * kk][3]);
       af[2] = pf::pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
@@ -286,9 +231,6 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
         pf::mma_bf16(o[2 * dp + 1], afl, r[2], r[3]);
       }
     }
-  }
-  if constexpr (H) {
-    if (__syncthreads_or(out_of_range) && tid == 0) atomicOr(a.range_flag, 1u);
   }
   // Epilogue: 1/l, output gate.
 #pragma unroll
@@ -317,10 +259,8 @@ std::once_flag g_attn_once;
 
 void prefill_attn_init() {
   std::call_once(g_attn_once, [] {
-    KCUDA(cudaFuncSetAttribute(flash_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(sizeof(AttnSmem<false>))));
-    KCUDA(cudaFuncSetAttribute(flash_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(sizeof(AttnSmem<true>))));
+    KCUDA(cudaFuncSetAttribute(flash_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(sizeof(AttnSmem))));
   });
 }
 
@@ -332,11 +272,7 @@ void prefill_attn_prep_launch(const PrefillAttnArgs& a, cudaStream_t s) {
 
 void prefill_attn_launch(const PrefillAttnArgs& a, cudaStream_t s) {
   prefill_attn_init();
-  const dim3 grid(unsigned((a.T + QT - 1) / QT), unsigned(a.heads));
-  if (a.aprec == PrefillAPrec::F16)
-    flash_kernel<true><<<grid, kThreads, sizeof(AttnSmem<true>), s>>>(a);
-  else
-    flash_kernel<false><<<grid, kThreads, sizeof(AttnSmem<false>), s>>>(a);
+  flash_kernel<<<dim3(unsigned((a.T + QT - 1) / QT), unsigned(a.heads)), kThreads, sizeof(AttnSmem), s>>>(a);
   KCUDA_LAUNCH("prefill_attn");
 }
 

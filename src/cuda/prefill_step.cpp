@@ -133,13 +133,6 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   KESTREL_CHECK(arena_.bytes() == p.bytes(), "prefill: scratch plan {} B but {} B allocated", p.bytes(),
                 arena_.bytes());
   set_aprec(prefill_aprec_from_env());
-  // Diagnosis knob: the attention's route apart from the GEMMs' (split | f16; unset: the same).
-  if (const char* e = std::getenv("KESTREL_PREFILL_ATTN_APREC"); e != nullptr && *e != 0) {
-    KESTREL_CHECK(std::strcmp(e, "split") == 0 || std::strcmp(e, "f16") == 0,
-                  "KESTREL_PREFILL_ATTN_APREC={}: expected split or f16", e);
-    attn_override_ = true;
-    attn_aprec_ = std::strcmp(e, "f16") == 0 ? PrefillAPrec::F16 : PrefillAPrec::Split;
-  }
   // Measurement knob: rows per expert tile (0 = the route's default; see MoePrefillScratch).
   if (const char* e = std::getenv("KESTREL_PREFILL_MOE_BM"); e != nullptr && *e != 0) {
     moe_bm_ = std::atoi(e);
@@ -197,7 +190,7 @@ void PrefillStep::run(DSeq& sq, std::span<const int32_t> tokens, bool all_logits
                         cudaMemcpyHostToDevice, s));
   for (int64_t off = 0; off < n; off += max_chunk_) {
     const int64_t T = std::min(max_chunk_, n - off);
-    if (aprec_ == PrefillAPrec::F16 || attn_aprec_ == PrefillAPrec::F16) {
+    if (aprec_ == PrefillAPrec::F16) {
       snapshot(sq, false, s);
       KCUDA(cudaMemsetAsync(range_flag_, 0, 4, s));
       chunk(sq, sq.length, T, false, s);
@@ -234,10 +227,9 @@ void PrefillStep::run(DSeq& sq, std::span<const int32_t> tokens, bool all_logits
   KCUDA(cudaStreamSynchronize(s));
 }
 
-// exact: every GEMM and the attention on the Split route (the default, or a chunk being redone).
+// exact: every GEMM on the Split route (the default, or a chunk being redone).
 void PrefillStep::chunk(DSeq& sq, int64_t pos0, int64_t T, bool exact, cudaStream_t s) {
   const PrefillAPrec route = exact ? PrefillAPrec::Split : aprec_;
-  attn_route_ = exact ? PrefillAPrec::Split : attn_override_ ? attn_aprec_ : aprec_;
   const ModelConfig& c = m_.cfg;
   route_ = route;
   moe_.aprec = route;
@@ -376,9 +368,6 @@ void PrefillStep::attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int
   a.head_dim = c.head_dim;
   a.rotary_dim = c.rotary_dim;
   // A chunk being redone (route_ Split) is redone exactly, whatever the knob says.
-  a.aprec = attn_route_;
-  a.range_flag = range_flag_;
-  a.f16_limit = f16_limit_;
   prefill_attn(a, s);
   gemm(nullptr, buf_.attn, AO, T, d.o, buf_.x, H, GemmEpi::Residual, s);
 }

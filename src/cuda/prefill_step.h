@@ -118,9 +118,6 @@ class PrefillStep {
   std::vector<float*> snap_conv_, snap_rec_;  // per GDN layer (F16 route's redo)
   int64_t range_redos_ = 0;
   int moe_bm_ = 0;  // KESTREL_PREFILL_MOE_BM (F16 route; 0 = default)
-  bool attn_override_ = false;  // KESTREL_PREFILL_ATTN_APREC set (diagnosis)
-  PrefillAPrec attn_aprec_ = PrefillAPrec::Split;  // meaningful with attn_override_
-  PrefillAPrec attn_route_ = PrefillAPrec::Split;  // of the chunk being enqueued
 };
 
 // Test / tuning hooks of a CUDA backend (defined in cuda_backend.cpp): the prompt chunk size
