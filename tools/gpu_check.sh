@@ -134,11 +134,14 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
   if [ "$BENCH" = 1 ]; then
     T0=$(date +%s)
     [ -x "$BIN/kestrel" ] || note "bench: no kestrel binary"
-    timeout 70 "$BIN/kestrel" bench --synthetic q4 --contexts 0,4096,32768,131072 --steps 128 --gemv 1 --pdl off \
+    # GEMV routes 1 and 3, each with and without the L2 prefetch schedule (DECODE_GEMV_Q4 overrides).
+    timeout 150 "$BIN/kestrel" bench --synthetic q4 --contexts 0,4096,32768,131072 --steps 128 \
+      --gemv "${DECODE_GEMV_Q4:-1,3}" --pdl off --prefetch both \
       --out "$W/results" > "$W/bench_q4.log" 2>&1
     note "bench q4: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_q4.log" | tee -a "$SUMMARY"
     T0=$(date +%s)
-    timeout 60 "$BIN/kestrel" bench --synthetic bf16 --contexts 0,4096 --steps 128 --gemv 2 --pdl off \
+    timeout 100 "$BIN/kestrel" bench --synthetic bf16 --contexts 0,4096 --steps 128 \
+      --gemv "${DECODE_GEMV_BF16:-2,3}" --pdl off --prefetch both \
       --out "$W/results" > "$W/bench_bf16.log" 2>&1
     note "bench bf16: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_bf16.log" | tee -a "$SUMMARY"
     pack
@@ -154,7 +157,9 @@ fi
 # ---- 6. per-kernel profiles (needs build-gpu/kestrel: not with --prebuilt)
 if [ -z "$PREBUILT" ] && [ -n "$BIN" ] && [ "$PROFILE" = 1 ] && [ -x build-gpu/kestrel ]; then
   T0=$(date +%s)
-  OUT=$W timeout 240 bash tools/device/profile.sh --prebuilt > "$W/profile.log" 2>&1
+  # PROFILE_PARTS (decode prefill), PROFILE_GEMV (the decode step's GEMV route, 1) pass through.
+  OUT=$W PARTS="${PROFILE_PARTS:-decode prefill}" GEMV="${PROFILE_GEMV:-1}" timeout 240 \
+    bash tools/device/profile.sh --prebuilt > "$W/profile.log" 2>&1
   note "profile: rc=$? in $(( $(date +%s) - T0 )) s"
   for f in "$W"/profile/summary_*.txt; do [ -f "$f" ] && { echo "-- $(basename "$f")"; head -14 "$f"; } | tee -a "$SUMMARY"; done
 fi
