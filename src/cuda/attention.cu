@@ -6,7 +6,6 @@
 // q/k RMSNorm and partial NeoX RoPE are applied here; the split owning the new position writes
 // its k/v (bf16) to the cache and uses them directly (it does not read them back).
 #include "cuda/common.cuh"
-#include "cuda/prefetch.cuh"
 
 #include <algorithm>
 
@@ -87,7 +86,6 @@ __global__ void __launch_bounds__(256) attn_split_kernel(const __grid_constant__
   if (warp == 0 && lane < D * 4 / 128)  // k_norm into L2 for the warp that ropes the new k
     asm volatile("prefetch.global.L2 [%0];" ::"l"(a.k_norm + lane * 32));
   pdl_launch_dependents();
-  l2_prefetch(a.pf);
   pdl_wait();
   const int pos = *a.pos, len = pos + 1;
   float x[8];

@@ -690,7 +690,6 @@ class CudaBackend final : public Backend {
     sb.history = sq.d_history;
     sb.embed = m_->embed;
     sb.x = sc_.x;
-    if (prefetch_) add_input_weights(sb.pf, 0);
     step_begin(sb, s_);
     for (int l = 0; l < c.num_layers; ++l) {
       const DLayer& d = m_->layers[size_t(l)];
@@ -708,12 +707,14 @@ class CudaBackend final : public Backend {
   }
 
   // L2 prefetch schedule (kernels.h: L2Prefetch), used when prefetch_ (KESTREL_L2_PREFETCH) is on:
-  // each weight-reading kernel's bytes are requested one or two kernels ahead of it, by the
-  // kernel before it that reads the least: the input GEMV of layer l by the previous layer's
-  // moe_down (layer 0: step_begin), the output projection and the GDN state by the input GEMV,
-  // the router/shared-expert GEMV by the GDN step or the attention kernel, the shared down
-  // projection by the output projection, the selected experts' gate/up rows by the routing tail
-  // and their down rows by moe_gate_up; lm_head's first rows by the last moe_down.
+  // each weight-reading kernel's bytes are requested one or two kernels ahead of it by a kernel
+  // with a grid of >= 128 blocks (each block issues a part): the input GEMV of layer l by the
+  // previous layer's moe_down, the output projection and the GDN state by the input GEMV, the
+  // router/shared-expert GEMV by the GDN step (attention layers: by the output projection), the
+  // shared down projection by the output projection, the selected experts' down rows by
+  // moe_gate_up, lm_head's first rows by the last moe_down. Not prefetched: layer 0's input
+  // GEMV, the selected experts' gate/up rows (the routing is known only at the end of the router
+  // GEMV, in one block).
   void add_input_weights(L2Prefetch& pf, int l) const {
     const DLayer& d = m_->layers[size_t(l)];
     if (d.kind == LayerKind::LinearAttention) {
@@ -805,7 +806,6 @@ class CudaBackend final : public Backend {
     a.nsplit = sq.nsplit;
     a.partial = sc_.partial;
     a.out = sc_.attn;
-    if (prefetch_) add_router_weights(a.pf, d);
     attn_decode(a, s_);
     GemvArgs go;
     go.M = 1;
@@ -815,7 +815,10 @@ class CudaBackend final : public Backend {
     go.pro = Prologue::None;
     go.seg[0] = GemvSeg{d.o, Epilogue::Residual, sc_.x, H, nullptr, nullptr, nullptr};
     go.nseg = 1;
-    if (prefetch_) prefetch_add(go.pf, d.sh_down);
+    if (prefetch_) {  // (the attention kernel's grid is too small at short contexts to carry it)
+      add_router_weights(go.pf, d);
+      prefetch_add(go.pf, d.sh_down);
+    }
     gemv(go, s_);
   }
 
@@ -829,13 +832,7 @@ class CudaBackend final : public Backend {
     g.seg[2] = GemvSeg{d.sh_gate, Epilogue::Store, sc_.sg, d.sh_gate.rows, nullptr, nullptr, nullptr};
     g.seg[3] = GemvSeg{d.sh_up, Epilogue::Store, sc_.su, d.sh_up.rows, nullptr, nullptr, nullptr};
     g.nseg = 4;
-    g.route = RouteTail{sc_.rl, c.num_experts, c.num_experts_per_tok, sc_.ti, sc_.tw, sc_.route_counter, {}};
-    if (prefetch_) {
-      g.route.pf.nw = 2;
-      g.route.pf.w[0] = d.gate;
-      g.route.pf.w[1] = d.up;
-      g.route.pf.rows_per = c.moe_intermediate_size;
-    }
+    g.route = RouteTail{sc_.rl, c.num_experts, c.num_experts_per_tok, sc_.ti, sc_.tw, sc_.route_counter};
     gemv(g, s_);
     MoeGateUpArgs gu;
     gu.E = c.num_experts;

@@ -114,7 +114,6 @@ struct RouteTail {
   int* idx = nullptr;             // [topk]
   float* w = nullptr;             // [topk]
   unsigned* counter = nullptr;
-  ExpertPrefetch pf;              // rows of the selected experts (gate, up) to pull into L2
 };
 
 struct GemvArgs {
@@ -184,7 +183,6 @@ struct AttnDecodeArgs {
   int nsplit = 1;                 // see attn_nsplit()
   float* partial = nullptr;       // fp32 [heads, nsplit, D + 2] scratch
   float* out = nullptr;
-  L2Prefetch pf;                  // issued by the split kernel
 };
 constexpr int kAttnMaxSplits = 512;
 constexpr int kAttnTile = 32;           // positions per shared-memory tile
@@ -234,7 +232,6 @@ struct StepBeginArgs {
   int32_t* history = nullptr;    // [capacity]
   DMat embed;
   float* x = nullptr;
-  L2Prefetch pf;
 };
 void step_begin(const StepBeginArgs& a, cudaStream_t s);
 

@@ -180,7 +180,6 @@ void gemv(const GemvArgs& a, cudaStream_t s) {
     for (int i = 0; i < a.nseg; ++i)
       produced |= a.seg[i].y == r.logits && a.seg[i].w.rows >= r.E && a.seg[i].epi == Epilogue::Store;
     KESTREL_CHECK(produced, "gemv route: logits are not a Store segment of this launch with >= E rows");
-    check_expert_prefetch(r.pf, r.E, "gemv route");
   }
   check_prefetch(a.pf, "gemv");
   gemv_init();
@@ -211,7 +210,6 @@ void attn_decode(const AttnDecodeArgs& a, cudaStream_t s) {
   KESTREL_CHECK(a.qg && a.k && a.v && a.q_norm && a.k_norm && a.pos && a.kcache && a.vcache &&
                     a.partial && a.out,
                 "attn_decode: null pointer");
-  check_prefetch(a.pf, "attn_decode");
   attn_decode_launch(a, s);
 }
 
@@ -259,7 +257,6 @@ void step_begin(const StepBeginArgs& a, cudaStream_t s) {
                 "step_begin: null pointer");
   KESTREL_CHECK(a.embed.fmt == DFmt::BF16 || a.embed.fmt == DFmt::Q4 || a.embed.fmt == DFmt::Q8,
                 "step_begin: embedding format {}", dfmt_name(a.embed.fmt));
-  check_prefetch(a.pf, "step_begin");
   step_begin_launch(a, s);
 }
 

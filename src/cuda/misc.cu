@@ -2,7 +2,6 @@
 // device so a captured graph replays without host input), deterministic random fills for the
 // synthetic model, and the host helpers of kernels.h.
 #include "cuda/gemv_core.cuh"
-#include "cuda/prefetch.cuh"
 
 #include <algorithm>
 #include <cstring>
@@ -35,7 +34,6 @@ __device__ __forceinline__ float embed_value(const DMat& e, int64_t row, int64_t
 __global__ void step_begin_kernel(const __grid_constant__ StepBeginArgs a) {
   __shared__ int tok_s;
   pdl_launch_dependents();
-  l2_prefetch(a.pf);
   pdl_wait();
   if (threadIdx.x == 0) {
     const int32_t t = a.argmax != nullptr

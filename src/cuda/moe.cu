@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(256) moe_gate_up_kernel(const __grid_constant_
   RowLoads<F, K, 32, 2 * TW> L;
   L.issue(w, rows, lane);
   // moe_down's rows of the same experts, this block's part, into L2 behind this block's loads.
-  if (a.pf.nw > 0 && warp == 0) prefetch_experts(a.pf, a.topk_idx, a.topk, blockIdx.x, gridDim.x, lane);
+  if (a.pf.nw > 0) prefetch_experts(a.pf, a.topk_idx, a.topk);
   smem_store4(xs, xsum, K, 0, tid, h0);
   smem_store4(xs, xsum, K, 0, tid + 256, h1);
   __syncthreads();

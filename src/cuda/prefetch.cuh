@@ -1,37 +1,39 @@
-// Device side of the decode step's L2 prefetch (kernels.h: L2Prefetch, ExpertPrefetch): the lanes
-// of one warp of each block issue cp.async.bulk.prefetch.L2 for the block's part of every range.
-// The instruction is asynchronous and changes no memory, so the issuing kernel neither waits for
-// it nor depends on it; it only warms L2 for a later kernel.
+// Device side of the decode step's L2 prefetch (kernels.h: L2Prefetch, ExpertPrefetch): every
+// thread of each block issues prefetch.global.L2 for lines of the block's part of each range.
+// Plain per-thread prefetches, not cp.async.bulk.prefetch: measured on the H200 (5ac9531), a
+// block's bulk prefetches are processed one after another (~0.16 us each for 32 KB, ~0.3 us for
+// small ones), and the kernel that issues them does not finish before they do: gdn_decode with 12
+// small ranges per block went from 4.5 to 7.5 us, one block prefetching 13.5 MB took 66 us.
+// A line prefetch is one load-pipe instruction with no destination: the issuing warp neither waits
+// for it nor depends on it; it only warms L2 for a later kernel.
 #pragma once
 #include "cuda/common.cuh"
 #include "cuda/prefetch.h"
 
 namespace kestrel::cuda {
 
-__device__ __forceinline__ void bulk_prefetch_l2(uint64_t addr, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(addr), "r"(bytes) : "memory");
+constexpr uint64_t kL2Line = 128;
+
+__device__ __forceinline__ void prefetch_line_l2(uint64_t addr) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(addr));
 }
 
-// Issues span s in pieces of <= kPrefetchPiece bytes, lane `lane` of `lanes` taking every
-// lanes-th piece.
-__device__ __forceinline__ void prefetch_span(ByteSpan s, int lane, int lanes) {
-  for (uint64_t a = s.begin + uint64_t(lane) * kPrefetchPiece; a < s.end; a += uint64_t(lanes) * kPrefetchPiece) {
-    const uint64_t n = s.end - a < kPrefetchPiece ? s.end - a : kPrefetchPiece;
-    bulk_prefetch_l2(a, uint32_t(n));
-  }
+// Every line of span s, thread t of nt taking every nt-th line (consecutive addresses differ by
+// one line, so each line that meets [begin, end) is touched).
+__device__ __forceinline__ void prefetch_span(ByteSpan s, int t, int nt) {
+  for (uint64_t a = s.begin + uint64_t(t) * kL2Line; a < s.end; a += uint64_t(nt) * kL2Line) prefetch_line_l2(a);
 }
 
-// This block's part of every range (blocks numbered linearly over the whole grid); call from one
-// warp (lane = threadIdx.x & 31).
-__device__ __forceinline__ void l2_prefetch_warp(const L2Prefetch& pf, int lane) {
+// This block's part of every range (blocks numbered linearly over the whole grid). Call with
+// every thread of the block (a few instructions per thread).
+__device__ __forceinline__ void l2_prefetch(const L2Prefetch& pf) {
+  if (pf.n == 0) return;
   const uint64_t parts = uint64_t(gridDim.x) * gridDim.y * gridDim.z;
   const uint64_t part = blockIdx.x + uint64_t(gridDim.x) * (blockIdx.y + uint64_t(gridDim.y) * blockIdx.z);
+  const int nt = int(blockDim.x * blockDim.y * blockDim.z);
+  const int t = int(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
   for (int i = 0; i < pf.n; ++i)
-    prefetch_span(prefetch_part(reinterpret_cast<uint64_t>(pf.ptr[i]), pf.bytes[i], part, parts), lane, 32);
-}
-// Call with every thread of the block: warp 0 issues (a handful of instructions per lane).
-__device__ __forceinline__ void l2_prefetch(const L2Prefetch& pf) {
-  if (pf.n > 0 && threadIdx.x < 32) l2_prefetch_warp(pf, threadIdx.x);
+    prefetch_span(prefetch_part(reinterpret_cast<uint64_t>(pf.ptr[i]), pf.bytes[i], part, parts), t, nt);
 }
 
 __device__ __forceinline__ uint64_t dmat_row_bytes(const DMat& w) {
@@ -39,32 +41,32 @@ __device__ __forceinline__ uint64_t dmat_row_bytes(const DMat& w) {
 }
 
 // Part `part` of `parts` of rows [row0, row0 + nrows) of w (codes, and scales and biases for
-// the affine formats), issued by lane `lane` of `lanes`.
+// the affine formats), thread t of nt.
 __device__ __forceinline__ void prefetch_rows(const DMat& w, int64_t row0, int64_t nrows, uint64_t part,
-                                              uint64_t parts, int lane, int lanes) {
+                                              uint64_t parts, int t, int nt) {
   const uint64_t rb = dmat_row_bytes(w);
   prefetch_span(prefetch_part(reinterpret_cast<uint64_t>(w.data) + uint64_t(row0) * rb, uint64_t(nrows) * rb,
                               part, parts),
-                lane, lanes);
+                t, nt);
   if (w.fmt != DFmt::BF16) {
     const uint64_t gb = uint64_t(w.cols / w.group) * 2;  // bf16 scales (or biases) per row
     prefetch_span(prefetch_part(reinterpret_cast<uint64_t>(w.scales) + uint64_t(row0) * gb, uint64_t(nrows) * gb,
                                 part, parts),
-                  lane, lanes);
+                  t, nt);
     prefetch_span(prefetch_part(reinterpret_cast<uint64_t>(w.biases) + uint64_t(row0) * gb, uint64_t(nrows) * gb,
                                 part, parts),
-                  lane, lanes);
+                  t, nt);
   }
 }
 
-// Part `part` of `parts` of the selected experts' rows: experts idx[0..k) (device memory,
-// written before this point and visible to the calling warp).
-__device__ __forceinline__ void prefetch_experts(const ExpertPrefetch& pf, const int* idx, int k, uint64_t part,
-                                                 uint64_t parts, int lane) {
+// This block's part of the selected experts' rows, experts idx[0..k) (device memory written
+// before this kernel); call with every thread of a 1-D block.
+__device__ __forceinline__ void prefetch_experts(const ExpertPrefetch& pf, const int* idx, int k) {
   for (int j = 0; j < k; ++j) {
     const int e = idx[j];
     for (int m = 0; m < pf.nw; ++m)
-      prefetch_rows(pf.w[m], int64_t(e) * pf.rows_per, pf.rows_per, part, parts, lane, 32);
+      prefetch_rows(pf.w[m], int64_t(e) * pf.rows_per, pf.rows_per, blockIdx.x, gridDim.x, threadIdx.x,
+                    blockDim.x);
   }
 }
 

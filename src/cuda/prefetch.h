@@ -1,8 +1,7 @@
 // How an L2 prefetch range (kernels.h: L2Prefetch, ExpertPrefetch) is divided among the blocks of
 // the launch that issues it. Plain C++ shared by the device code (prefetch.cuh) and the CPU tests.
-// cp.async.bulk.prefetch.L2 takes a 16-byte aligned address and a size that is a multiple of 16,
-// so a block's part is cut from the 16-byte aligned interior of the range and never leaves it
-// (a range's unaligned head and tail, < 16 bytes each, are left to the reader).
+// A block's part is cut from the 16-byte aligned interior of the range and never leaves it (a
+// range's unaligned head and tail, < 16 bytes each, are left to the reader).
 #pragma once
 #include <cstdint>
 
@@ -32,9 +31,5 @@ KESTREL_HD inline ByteSpan prefetch_part(uint64_t p, uint64_t bytes, uint64_t pa
   if (e > units) e = units;
   return {a0 + 16 * s, a0 + 16 * e};
 }
-
-// Largest size one bulk prefetch instruction is given (a block's part is issued in pieces of at
-// most this, spread over the lanes of one warp).
-constexpr uint64_t kPrefetchPiece = 32768;
 
 }  // namespace kestrel::cuda

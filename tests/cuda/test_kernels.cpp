@@ -473,10 +473,6 @@ void run_moe(const MoeCase& c, uint32_t seed) {
   KCUDA(cudaMemset(counter.p, 0, 4));
   a.route = RouteTail{dl->as<float>(), c.E, c.topk, ti.as<int>(), tw.as<float>(), counter.as<unsigned>()};
   if (c.prefetch) {
-    a.route.pf.nw = 2;
-    a.route.pf.w[0] = dG->d;
-    a.route.pf.w[1] = dU->d;
-    a.route.pf.rows_per = I;
     prefetch_add(a.pf, dSD->d);
     prefetch_add(a.pf, dx->p, 4 * H - 4);  // an unaligned tail
   }
