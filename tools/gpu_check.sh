@@ -123,7 +123,7 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
   if [ "$SANITIZE" = 1 ]; then
     T0=$(date +%s)
     timeout 110 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
-      "$BIN/test_cuda" --gtest_filter='CudaGemv.FusedSegments*:CudaGemv.RejectsBadShapes:CudaGdn.Decode*:CudaBackend.MatchesCpuBackendQ4:CudaBackend.MatchesCpuBackendQ4GemvV3:PrefillOps.*' \
+      "$BIN/test_cuda" --gtest_filter='CudaGemv.FusedSegments*:CudaGemv.RejectsBadShapes:CudaGdn.Decode*:CudaBackend.MatchesCpuBackendQ4:PrefillOps.*' \
       > "$W/sanitizer.log" 2>&1
     note "compute-sanitizer memcheck: rc=$? in $(( $(date +%s) - T0 )) s"
     grep -E "ERROR SUMMARY|========= (Invalid|Error)" "$W/sanitizer.log" | head -10 | tee -a "$SUMMARY"
@@ -134,14 +134,11 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
   if [ "$BENCH" = 1 ]; then
     T0=$(date +%s)
     [ -x "$BIN/kestrel" ] || note "bench: no kestrel binary"
-    # GEMV routes 1 and 3, each with and without the L2 prefetch schedule (DECODE_GEMV_Q4 overrides).
-    timeout 150 "$BIN/kestrel" bench --synthetic q4 --contexts 0,4096,32768,131072 --steps 128 \
-      --gemv "${DECODE_GEMV_Q4:-1,3}" --pdl off --prefetch both \
+    timeout 70 "$BIN/kestrel" bench --synthetic q4 --contexts 0,4096,32768,131072 --steps 128 --gemv 1 --pdl off \
       --out "$W/results" > "$W/bench_q4.log" 2>&1
     note "bench q4: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_q4.log" | tee -a "$SUMMARY"
     T0=$(date +%s)
-    timeout 100 "$BIN/kestrel" bench --synthetic bf16 --contexts 0,4096 --steps 128 \
-      --gemv "${DECODE_GEMV_BF16:-2,3}" --pdl off --prefetch both \
+    timeout 60 "$BIN/kestrel" bench --synthetic bf16 --contexts 0,4096 --steps 128 --gemv 2 --pdl off \
       --out "$W/results" > "$W/bench_bf16.log" 2>&1
     note "bench bf16: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_bf16.log" | tee -a "$SUMMARY"
     pack
@@ -157,9 +154,7 @@ fi
 # ---- 6. per-kernel profiles (needs build-gpu/kestrel: not with --prebuilt)
 if [ -z "$PREBUILT" ] && [ -n "$BIN" ] && [ "$PROFILE" = 1 ] && [ -x build-gpu/kestrel ]; then
   T0=$(date +%s)
-  # PROFILE_PARTS (decode prefill), PROFILE_GEMV (the decode step's GEMV route, 1) pass through.
-  OUT=$W PARTS="${PROFILE_PARTS:-decode prefill}" GEMV="${PROFILE_GEMV:-1}" timeout 240 \
-    bash tools/device/profile.sh --prebuilt > "$W/profile.log" 2>&1
+  OUT=$W timeout 240 bash tools/device/profile.sh --prebuilt > "$W/profile.log" 2>&1
   note "profile: rc=$? in $(( $(date +%s) - T0 )) s"
   for f in "$W"/profile/summary_*.txt; do [ -f "$f" ] && { echo "-- $(basename "$f")"; head -14 "$f"; } | tee -a "$SUMMARY"; done
 fi

@@ -51,7 +51,6 @@ struct BenchOpts {
   std::string out_dir = "bench/results";
   uint64_t seed = 1;
   std::string pdl = "both";  // programmatic dependent launch: on | off | both
-  std::string prefetch = "on";  // decode-step L2 prefetch schedule: on | off | both
   std::string gemv = "1";    // GEMV route for M = 1: 1 | 2 | both
   std::string prefill;       // prompt lengths: run the prefill benchmark instead of decode
   int prefill_runs = 3;      // timed runs per prompt of <= 8192 tokens (one for longer)
@@ -268,46 +267,28 @@ void run_bench(const BenchOpts& o) {
   }
 
   KESTREL_CHECK(o.pdl == "on" || o.pdl == "off" || o.pdl == "both", "--pdl {} (on, off or both)", o.pdl);
-  // --gemv: a comma-separated list of routes (1, 2, 3), "both" (1,2) or "all" (1,2,3).
+  KESTREL_CHECK(o.gemv == "1" || o.gemv == "2" || o.gemv == "both", "--gemv {} (1, 2 or both)", o.gemv);
   std::vector<int> gemv_modes;
-  {
-    const std::string list = o.gemv == "both" ? "1,2" : o.gemv == "all" ? "1,2,3" : o.gemv;
-    size_t p = 0;
-    while (p <= list.size()) {
-      const size_t q = std::min(list.find(',', p), list.size());
-      const std::string item = list.substr(p, q - p);
-      KESTREL_CHECK(item == "1" || item == "2" || item == "3",
-                    "--gemv {}: routes are 1, 2 or 3 (a comma-separated list), both or all", o.gemv);
-      gemv_modes.push_back(item[0] - '0');
-      p = q + 1;
-    }
-  }
+  if (o.gemv != "2") gemv_modes.push_back(1);
+  if (o.gemv != "1") gemv_modes.push_back(2);
   std::vector<bool> pdl_modes;
   if (o.pdl != "on") pdl_modes.push_back(false);
   if (o.pdl != "off") pdl_modes.push_back(true);
-  KESTREL_CHECK(o.prefetch == "on" || o.prefetch == "off" || o.prefetch == "both",
-                "--prefetch {} (on, off or both)", o.prefetch);
-  std::vector<bool> pf_modes;
-  if (o.prefetch != "off") pf_modes.push_back(true);
-  if (o.prefetch != "on") pf_modes.push_back(false);
   nlohmann::json records = nlohmann::json::array();
-  std::printf("%-8s %4s %4s %3s %9s %10s %10s %11s %10s %8s\n", "weights", "gemv", "pdl", "pf", "context",
+  std::printf("%-8s %4s %4s %9s %10s %10s %11s %10s %8s\n", "weights", "gemv", "pdl", "context",
               "step_ms", "tok/s", "GB/s", "floor", "of floor");
   struct Mode {
     int gemv;
     bool pdl;
-    bool prefetch;
   };
   std::vector<Mode> modes;
   for (int g : gemv_modes)
-    for (bool p : pdl_modes)
-      for (bool f : pf_modes) modes.push_back({g, p, f});
+    for (bool p : pdl_modes) modes.push_back({g, p});
   for (int64_t ctx : contexts)
   for (const Mode& md : modes) {
     const bool pdl = md.pdl;
     cuda::set_pdl_enabled(pdl);  // both read when the sequence's graph is captured
     cuda::set_gemv_version(md.gemv);
-    cuda::set_l2_prefetch_enabled(md.prefetch);
     const SeqId s = b->create_sequence(std::max<int64_t>(ctx + o.warmup + o.steps + 1, 64));
     if (ctx > 0) cuda::set_synthetic_context(*b, s, ctx, o.seed + uint64_t(ctx));
     auto t = cuda::time_decode_steps(*b, s, 1, o.warmup, o.steps);
@@ -315,8 +296,8 @@ void run_bench(const BenchOpts& o) {
     const double med = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
     const double bytes = cuda::decode_step_bytes(*b, ctx);
     const double tps = 1.0 / med, gbs = bytes / med / 1e9, floor = kBandwidth / bytes;
-    std::printf("%-8s %4d %4s %3s %9lld %10.4f %10.1f %11.1f %10.1f %7.1f%%\n", weights.c_str(),
-                md.gemv, pdl ? "on" : "off", md.prefetch ? "on" : "off", (long long)ctx,
+    std::printf("%-8s %4d %4s %9lld %10.4f %10.1f %11.1f %10.1f %7.1f%%\n", weights.c_str(),
+                md.gemv, pdl ? "on" : "off", (long long)ctx,
                 med * 1e3, tps, gbs, floor, 100.0 * tps / floor);
     std::fflush(stdout);
     records.push_back({{"kind", "decode"},
@@ -335,7 +316,6 @@ void run_bench(const BenchOpts& o) {
                        {"layers", b->config().num_layers},
                        {"pdl", pdl},
                        {"gemv_route", md.gemv},
-                       {"l2_prefetch", md.prefetch},
                        {"gpu", gpu},
                        {"git_sha", sha},
                        {"date", date}});
@@ -365,9 +345,7 @@ void setup_bench(CLI::App& root) {
   c->add_option("--out", o->out_dir, "Output directory");
   c->add_option("--seed", o->seed, "Synthetic weights seed");
   c->add_option("--pdl", o->pdl, "Programmatic dependent launch: on, off or both (one record each)");
-  c->add_option("--prefetch", o->prefetch,
-                "Decode-step L2 prefetch of the next kernels' weights: on, off or both (one record each)");
-  c->add_option("--gemv", o->gemv, "GEMV route for M = 1: 1, 2, 3, a comma-separated list, both (1,2) or all (one record each)");
+  c->add_option("--gemv", o->gemv, "GEMV route for M = 1: 1, 2 or both (one record each)");
   c->add_option("--prefill", o->prefill,
                 "Comma-separated prompt lengths: benchmark prompts (prefill) instead of decode");
   c->add_option("--prefill-runs", o->prefill_runs, "Timed runs per prompt of <= 8192 tokens (median)");

@@ -681,7 +681,6 @@ class CudaBackend final : public Backend {
 
   void enqueue_step(DSeq& sq, bool greedy) {
     const auto& c = m_->cfg;
-    prefetch_ = l2_prefetch_enabled();  // read when the step is recorded (graph capture)
     StepBeginArgs sb;
     sb.argmax = greedy ? sc_.argmax : nullptr;
     sb.token = sq.d_token;
@@ -697,7 +696,7 @@ class CudaBackend final : public Backend {
         gdn_branch(d, sq, l);
       else
         attn_branch(d, sq, l);
-      moe_branch(d, l);
+      moe_branch(d);
     }
     GemvArgs g = normed_gemv(m_->final_norm);
     g.seg[0] = GemvSeg{m_->lm_head, Epilogue::Logits, sc_.logits, c.vocab_size, nullptr, nullptr,
@@ -706,37 +705,10 @@ class CudaBackend final : public Backend {
     gemv(g, s_);
   }
 
-  // L2 prefetch schedule (kernels.h: L2Prefetch), used when prefetch_ (KESTREL_L2_PREFETCH) is on:
-  // each weight-reading kernel's bytes are requested one or two kernels ahead of it by a kernel
-  // with a grid of >= 128 blocks (each block issues a part): the input GEMV of layer l by the
-  // previous layer's moe_down, the output projection and the GDN state by the input GEMV, the
-  // router/shared-expert GEMV by the GDN step (attention layers: by the output projection), the
-  // shared down projection by the output projection, the selected experts' down rows by
-  // moe_gate_up, lm_head's first rows by the last moe_down. Not prefetched: layer 0's input
-  // GEMV, the selected experts' gate/up rows (the routing is known only at the end of the router
-  // GEMV, in one block).
-  void add_input_weights(L2Prefetch& pf, int l) const {
-    const DLayer& d = m_->layers[size_t(l)];
-    if (d.kind == LayerKind::LinearAttention) {
-      for (const DMat* w : {&d.qkv, &d.z, &d.b, &d.a}) prefetch_add(pf, *w);
-    } else {
-      for (const DMat* w : {&d.q, &d.k, &d.v}) prefetch_add(pf, *w);
-    }
-  }
-  void add_router_weights(L2Prefetch& pf, const DLayer& d) const {
-    for (const DMat* w : {&d.router, &d.sh_egate, &d.sh_gate, &d.sh_up}) prefetch_add(pf, *w);
-  }
-  static constexpr uint64_t kLmHeadPrefetchBytes = 24ull << 20;  // about half the H200's L2
-
   void gdn_branch(const DLayer& d, DSeq& sq, int l) {
     const auto& c = m_->cfg;
     const int64_t H = c.hidden_size;
     GemvArgs g = normed_gemv(d.input_norm);
-    if (prefetch_) {
-      prefetch_add(g.pf, d.out);
-      prefetch_add(g.pf, sq.rec[size_t(l)],
-                   uint64_t(c.linear_num_value_heads) * c.linear_value_head_dim * c.linear_key_head_dim * 4);
-    }
     g.seg[0] = GemvSeg{d.qkv, Epilogue::ConvSilu, sc_.u, d.qkv.rows, sq.conv[size_t(l)], d.conv_w, nullptr};
     g.seg[1] = GemvSeg{d.z, Epilogue::Store, sc_.z, d.z.rows, nullptr, nullptr, nullptr};
     g.seg[2] = GemvSeg{d.b, Epilogue::Store, sc_.b, d.b.rows, nullptr, nullptr, nullptr};
@@ -758,7 +730,6 @@ class CudaBackend final : public Backend {
     ga.Hv = c.linear_num_value_heads;
     ga.dk = c.linear_key_head_dim;
     ga.dv = c.linear_value_head_dim;
-    if (prefetch_) add_router_weights(ga.pf, d);
     gdn_decode(ga, s_);
     GemvArgs go;
     go.M = 1;
@@ -773,7 +744,6 @@ class CudaBackend final : public Backend {
     go.norm_group = c.linear_value_head_dim;
     go.seg[0] = GemvSeg{d.out, Epilogue::Residual, sc_.x, H, nullptr, nullptr, nullptr};
     go.nseg = 1;
-    if (prefetch_) prefetch_add(go.pf, d.sh_down);
     gemv(go, s_);
   }
 
@@ -785,7 +755,6 @@ class CudaBackend final : public Backend {
     g.seg[1] = GemvSeg{d.k, Epilogue::Store, sc_.k, d.k.rows, nullptr, nullptr, nullptr};
     g.seg[2] = GemvSeg{d.v, Epilogue::Store, sc_.v, d.v.rows, nullptr, nullptr, nullptr};
     g.nseg = 3;
-    if (prefetch_) prefetch_add(g.pf, d.o);
     gemv(g, s_);
     AttnDecodeArgs a;
     a.qg = sc_.qg;
@@ -815,14 +784,10 @@ class CudaBackend final : public Backend {
     go.pro = Prologue::None;
     go.seg[0] = GemvSeg{d.o, Epilogue::Residual, sc_.x, H, nullptr, nullptr, nullptr};
     go.nseg = 1;
-    if (prefetch_) {  // (the attention kernel's grid is too small at short contexts to carry it)
-      add_router_weights(go.pf, d);
-      prefetch_add(go.pf, d.sh_down);
-    }
     gemv(go, s_);
   }
 
-  void moe_branch(const DLayer& d, int l) {
+  void moe_branch(const DLayer& d) {
     const auto& c = m_->cfg;
     const int64_t H = c.hidden_size;
     GemvArgs g = normed_gemv(d.post_norm);
@@ -844,11 +809,6 @@ class CudaBackend final : public Backend {
     gu.up = d.up;
     gu.topk_idx = sc_.ti;
     gu.act = sc_.act;
-    if (prefetch_) {
-      gu.pf.nw = 1;
-      gu.pf.w[0] = d.down;
-      gu.pf.rows_per = H;
-    }
     moe_gate_up(gu, s_);
     MoeDownArgs dn;
     dn.topk = c.num_experts_per_tok;
@@ -864,15 +824,6 @@ class CudaBackend final : public Backend {
     dn.down = d.down;
     dn.shared_down = d.sh_down;
     dn.x = sc_.x;
-    if (prefetch_) {
-      if (l + 1 < c.num_layers) {
-        add_input_weights(dn.pf, l + 1);
-      } else {
-        const DMat& lm = m_->lm_head;
-        const uint64_t per_row = lm.nbytes() / uint64_t(std::max<int64_t>(1, lm.rows));
-        prefetch_add_rows(dn.pf, lm, int64_t(kLmHeadPrefetchBytes / std::max<uint64_t>(1, per_row)));
-      }
-    }
     moe_down(dn, s_);
   }
 
@@ -887,7 +838,6 @@ class CudaBackend final : public Backend {
   int64_t prefill_chunk_ = kPrefillMaxChunk;
   bool prefill_route_set_ = false;  // set_prefill_aprec called: overrides KESTREL_PREFILL_APREC
   PrefillAPrec prefill_aprec_ = PrefillAPrec::Split;
-  bool prefetch_ = true;  // L2 prefetch schedule of the step being recorded
   float prefill_f16_limit_ = kF16Max;
   std::unique_ptr<PrefillStep> prefill_;  // after m_: destroyed first (it refers to *m_)
 };

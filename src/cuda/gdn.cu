@@ -5,7 +5,6 @@
 // 4 per lane) in registers across the T tokens, so the state is read and written once.
 // State layout: fp32 [Hv, dv, dk] (column i of head j contiguous over dk: coalesced float4).
 #include "cuda/common.cuh"
-#include "cuda/prefetch.cuh"
 
 namespace kestrel::cuda {
 
@@ -25,7 +24,6 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
   const float dtb = a.dt_bias[j];
   const float qscale = 1.f / sqrtf(float(dk));
   pdl_launch_dependents();
-  l2_prefetch(a.pf);
   pdl_wait();
 
   const int i0 = blockIdx.y * kColsPerBlock + warp * kCols;

@@ -5,7 +5,6 @@
 // the GDN causal conv + SiLU, and the lm_head argmax.
 #include "cuda/gemv_core.cuh"
 #include "cuda/moe_route.cuh"
-#include "cuda/prefetch.cuh"
 
 #include <algorithm>
 #include <mutex>
@@ -151,7 +150,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
         asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
     }
   }
-  l2_prefetch(a.pf);
   pdl_wait();
 
   stage_x<K>(a, xs, xsum, red);
@@ -358,7 +356,6 @@ __global__ void __launch_bounds__(kThreads) gemv_rows_kernel(const __grid_consta
   RowGroup<F, K, R> A, B;
   pdl_launch_dependents();
   A.issue(a, base, nw, total_rows, lane);
-  l2_prefetch(a.pf);
   pdl_wait();
   stage_x<K>(a, xs, xsum, red);
 
@@ -427,273 +424,6 @@ bool try_launch_rows(const GemvArgs& a, int64_t total, cudaStream_t s) {
   }
 }
 
-// ---- v3 (M = 1, K = 2048, prologue None or RmsNorm): the activations live in registers. ----
-// Lane l of every warp owns the same 64 elements of x for every weight format,
-// E_l = [32l, 32l + 32) and [1024 + 32l, 1024 + 32l + 32): Q4 chunks l and 32 + l, Q8 chunks
-// 2l, 2l + 1, 64 + 2l, 65 + 2l, BF16 chunks 4l..4l + 3 and 128 + 4l..131 + 4l (each lane's
-// loads stay 16-byte pieces of the row, coalesced across the warp). The block stages x as v1 does
-// (norm, 16-element sums, x_out), then each lane copies its 64 elements and 4 sums into registers
-// once, so the dots read no shared memory (v1 reads 8 bytes of shared memory per q4 weight byte,
-// which bounds lm_head). (A first version had every warp load and normalise its own copy of x:
-// 8x the L2 traffic of the block staging, measured 3.0 vs 2.5 ms per q4 step.) Rows go in pairs
-// (both rows' loads in flight) when the two rows share an affine format.
-namespace v3 {
-
-constexpr int K = 2048;
-constexpr int kBlocksPerSm = 2;
-constexpr size_t kSmem = size_t(K) * 4 + size_t(K / 16) * 4;  // staged x and its 16-sums
-
-struct XReg {
-  float v[64];   // v[32h + j] = x[1024h + 32l + j]
-  float s16[4];  // sums of v[16b .. 16b + 16)
-};
-
-// This lane's elements and 16-element sums, from the block's staged activations (v1's staging).
-__device__ __forceinline__ void load_x(const SmemX& X, int lane, XReg& x) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float4 t = X.slot(0, 256 * h + 8 * lane + j);  // elements 1024h + 32 lane + 4j ..
-      x.v[32 * h + 4 * j] = t.x;
-      x.v[32 * h + 4 * j + 1] = t.y;
-      x.v[32 * h + 4 * j + 2] = t.z;
-      x.v[32 * h + 4 * j + 3] = t.w;
-    }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    x.s16[2 * h] = X.sum16(0, 64 * h + 2 * lane);
-    x.s16[2 * h + 1] = X.sum16(0, 64 * h + 2 * lane + 1);
-  }
-}
-
-template <DFmt F>
-struct RegRow;
-
-template <>
-struct RegRow<DFmt::Q4> {
-  uint4 q[2];
-  float sc[2], bi[2];
-  __device__ __forceinline__ void issue(const DMat& w, int64_t lr, int lane) {
-    const uint4* p = reinterpret_cast<const uint4*>(w.data) + size_t(lr) * 64;
-    q[0] = __ldg(p + lane);
-    q[1] = __ldg(p + 32 + lane);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      sc[h] = bf16_bits_to_f32(__ldg(w.scales + size_t(lr) * 32 + 16 * h + lane / 2));
-      bi[h] = bf16_bits_to_f32(__ldg(w.biases + size_t(lr) * 32 + 16 * h + lane / 2));
-    }
-  }
-  __device__ __forceinline__ float dot(const XReg& x) const {
-    float acc = 0.f;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t wd[4] = {q[h].x, q[h].y, q[h].z, q[h].w};
-      float f[32];
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-#pragma unroll
-        for (int sh = 0; sh < 4; ++sh) {
-          const float2 e = h2f(((wd[k] >> (4 * sh)) & 0x000f000fu) | 0x64006400u);
-          f[8 * k + sh] = e.x;
-          f[8 * k + 4 + sh] = e.y;
-        }
-      float s = 0.f;
-#pragma unroll
-      for (int i = 0; i < 32; ++i) s = fmaf(f[i], x.v[32 * h + i], s);
-      acc += sc[h] * s + bi[h] * (x.s16[2 * h] + x.s16[2 * h + 1]);
-    }
-    return acc;
-  }
-};
-
-template <>
-struct RegRow<DFmt::Q8> {
-  uint4 q[4];  // chunks 2l, 2l + 1, 64 + 2l, 65 + 2l
-  float sc[2], bi[2];
-  __device__ __forceinline__ void issue(const DMat& w, int64_t lr, int lane) {
-    const uint4* p = reinterpret_cast<const uint4*>(w.data) + size_t(lr) * 128;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      q[2 * h] = __ldg(p + 64 * h + 2 * lane);
-      q[2 * h + 1] = __ldg(p + 64 * h + 2 * lane + 1);
-      sc[h] = bf16_bits_to_f32(__ldg(w.scales + size_t(lr) * 32 + 16 * h + lane / 2));
-      bi[h] = bf16_bits_to_f32(__ldg(w.biases + size_t(lr) * 32 + 16 * h + lane / 2));
-    }
-  }
-  __device__ __forceinline__ float dot(const XReg& x) const {
-    float acc = 0.f;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {  // chunk c: elements v[16c .. 16c + 16), group of half c / 2
-      const uint32_t wd[4] = {q[c].x, q[c].y, q[c].z, q[c].w};
-      float f[16];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 e02 = h2f((wd[k] & 0x00ff00ffu) | 0x64006400u);
-        const float2 e13 = h2f(((wd[k] >> 8) & 0x00ff00ffu) | 0x64006400u);
-        f[4 * k + 0] = e02.x;
-        f[4 * k + 1] = e13.x;
-        f[4 * k + 2] = e02.y;
-        f[4 * k + 3] = e13.y;
-      }
-      float s = 0.f;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) s = fmaf(f[i], x.v[16 * c + i], s);
-      acc += sc[c / 2] * s + bi[c / 2] * x.s16[c];
-    }
-    return acc;
-  }
-};
-
-template <>
-struct RegRow<DFmt::BF16> {
-  uint4 q[8];  // chunks 4l + j and 128 + 4l + j
-  __device__ __forceinline__ void issue(const DMat& w, int64_t lr, int lane) {
-    const uint4* p = reinterpret_cast<const uint4*>(w.data) + size_t(lr) * 256;
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) q[4 * h + j] = __ldg(p + 128 * h + 4 * lane + j);
-  }
-  __device__ __forceinline__ float dot(const XReg& x) const {
-    float acc = 0.f;
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      const uint32_t wd[4] = {q[c].x, q[c].y, q[c].z, q[c].w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        acc = fmaf(__uint_as_float(wd[k] << 16), x.v[8 * c + 2 * k], acc);
-        acc = fmaf(__uint_as_float(wd[k] & 0xffff0000u), x.v[8 * c + 2 * k + 1], acc);
-      }
-    }
-    return acc;
-  }
-};
-
-template <DFmt F>
-__device__ __forceinline__ void one_row(const GemvSeg& sg, int64_t lr, const XReg& x, int lane,
-                                        unsigned long long& best) {
-  RegRow<F> A;
-  A.issue(sg.w, lr, lane);
-  const float v = warp_sum(A.dot(x));
-  if (lane == 0) epilogue1(sg, lr, v, best);
-}
-
-template <DFmt F>
-__device__ __forceinline__ void two_rows(const GemvSeg& s0, int64_t l0, const GemvSeg& s1, int64_t l1,
-                                         const XReg& x, int lane, unsigned long long& best) {
-  RegRow<F> A, B;
-  A.issue(s0.w, l0, lane);
-  B.issue(s1.w, l1, lane);
-  const float va = warp_sum(A.dot(x));
-  const float vb = warp_sum(B.dot(x));
-  if (lane == 0) {
-    epilogue1(s0, l0, va, best);
-    epilogue1(s1, l1, vb, best);
-  }
-}
-
-__device__ __forceinline__ void any_row(const GemvSeg& sg, int64_t lr, const XReg& x, int lane,
-                                        unsigned long long& best) {
-  switch (sg.w.fmt) {
-    case DFmt::Q4: one_row<DFmt::Q4>(sg, lr, x, lane, best); break;
-    case DFmt::Q8: one_row<DFmt::Q8>(sg, lr, x, lane, best); break;
-    default: one_row<DFmt::BF16>(sg, lr, x, lane, best); break;
-  }
-}
-
-__device__ __forceinline__ int seg_of(const GemvArgs& a, int64_t& lr) {
-  int s = 0;
-  while (lr >= a.seg[s].w.rows) lr -= a.seg[s++].w.rows;
-  return s;
-}
-
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) gemv_reg_kernel(const __grid_constant__ GemvArgs a,
-                                                                           int64_t total_rows) {
-  extern __shared__ float4 smem4[];
-  float* xs = reinterpret_cast<float*>(smem4);
-  float* xsum = xs + K;
-  __shared__ float red[32];
-  __shared__ unsigned long long best_s[kWarps];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t nw = int64_t(gridDim.x) * kWarps;
-  const int64_t base = int64_t(blockIdx.x) * kWarps + warp;
-  pdl_launch_dependents();
-  // The first pair's rows towards L2 (weights do not depend on the previous kernel).
-  for (int j = 0; j < 2; ++j) {
-    int64_t lr = base + j * nw;
-    if (lr >= total_rows) break;
-    const DMat& w = a.seg[seg_of(a, lr)].w;
-    const size_t rb = w.fmt == DFmt::BF16 ? size_t(K) * 2 : w.fmt == DFmt::Q8 ? size_t(K) : size_t(K) / 2;
-    const char* p = static_cast<const char*>(w.data) + size_t(lr) * rb;
-    for (size_t off = size_t(lane) * 128; off < rb; off += 32 * 128)
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
-  }
-  l2_prefetch(a.pf);
-  pdl_wait();
-
-  XReg x;
-  ::kestrel::cuda::stage_x<K>(a, xs, xsum, red);  // v1's block staging (norm, sums, x_out)
-  load_x(SmemX{xs, xsum, K}, lane, x);
-
-  unsigned long long best = 0ull;
-  for (int64_t r = base; r < total_rows; r += 2 * nw) {
-    int64_t l0 = r;
-    const int s0 = seg_of(a, l0);
-    const GemvSeg& g0 = a.seg[s0];
-    if (r + nw >= total_rows) {
-      any_row(g0, l0, x, lane, best);
-      break;
-    }
-    int64_t l1 = r + nw;
-    const GemvSeg& g1 = a.seg[seg_of(a, l1)];
-    if (g0.w.fmt == g1.w.fmt && g0.w.fmt == DFmt::Q4) {
-      two_rows<DFmt::Q4>(g0, l0, g1, l1, x, lane, best);
-    } else if (g0.w.fmt == g1.w.fmt && g0.w.fmt == DFmt::Q8) {
-      two_rows<DFmt::Q8>(g0, l0, g1, l1, x, lane, best);
-    } else {
-      any_row(g0, l0, x, lane, best);
-      any_row(g1, l1, x, lane, best);
-    }
-  }
-  const GemvSeg* ls = nullptr;
-  for (int s = 0; s < a.nseg; ++s)
-    if (a.seg[s].epi == Epilogue::Logits && a.seg[s].argmax != nullptr) ls = &a.seg[s];
-  if (ls != nullptr) {
-    if (lane == 0) best_s[warp] = best;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      unsigned long long b = 0ull;
-      for (int w = 0; w < kWarps; ++w) b = best_s[w] > b ? best_s[w] : b;
-      if (b != 0ull) atomicMax(ls->argmax, b);
-    }
-  }
-  if (a.route.logits != nullptr) route_tail(a.route);
-}
-
-// Blocks resident at once on the whole GPU (first called from gemv_init, outside any capture).
-int resident_blocks() {
-  static const int n = [] {
-    int per_sm = 0;
-    KCUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_reg_kernel, kThreads, kSmem));
-    return std::max(1, per_sm) * num_sms();
-  }();
-  return n;
-}
-
-// v3 takes M = 1, K = 2048 launches whose prologue is None or RmsNorm (the GDN and attention
-// input projections, the router with the shared expert, lm_head); anything else goes to v1.
-bool try_launch(const GemvArgs& a, int64_t total, cudaStream_t s) {
-  if (a.M != 1 || a.K != K || gemv_version() != 3) return false;
-  if (a.pro != Prologue::None && a.pro != Prologue::RmsNorm) return false;
-  const int64_t want = (total + kWarps - 1) / kWarps;
-  const int blocks = int(std::min<int64_t>(want, resident_blocks()));
-  launch_pdl(gemv_reg_kernel, dim3(blocks), dim3(kThreads), kSmem, s, a, total);
-  return true;
-}
-
-}  // namespace v3
-
 template <int K, int MM>
 void launch_gemv_mm(const GemvArgs& a, int64_t total, cudaStream_t s) {
   const size_t smem = size_t(a.M) * K * 4 + size_t(a.M) * (K / 16) * 4;
@@ -705,7 +435,6 @@ void launch_gemv_mm(const GemvArgs& a, int64_t total, cudaStream_t s) {
 // Decode (M = 1) gets its own instantiation: the M <= 8 one holds 8 accumulators per lane.
 template <int K>
 void launch_gemv(const GemvArgs& a, int64_t total, cudaStream_t s) {
-  if (v3::try_launch(a, total, s)) return;
   if (try_launch_rows<K>(a, total, s)) return;
   if (a.M == 1)
     launch_gemv_mm<K, 1>(a, total, s);
@@ -737,7 +466,6 @@ void gemv_init() {
     (void)resident_blocks<DFmt::BF16, 4096>();
     (void)resident_blocks<DFmt::Q8, 4096>();
     (void)resident_blocks<DFmt::Q4, 4096>();
-    (void)v3::resident_blocks();
   });
 }
 

@@ -23,11 +23,9 @@ int num_sms();  // multiprocessors of the current device (cached)
 bool pdl_enabled();
 void set_pdl_enabled(bool on);
 
-// GEMV route for M = 1: 1 = one row per warp, activations in shared memory (measured default);
+// GEMV route for M = 1 with one weight format per launch: 1 = one row per warp (measured default),
 // 2 = several rows per warp with the first weight loads issued before the activation staging
-// (one weight format per launch; KESTREL_GEMV=2); 3 = activations in registers, rows in pairs
-// (K = 2048 with no prologue or RmsNorm; KESTREL_GEMV=3). Launches a route does not cover take
-// route 1. Read when kernels are launched or captured.
+// (KESTREL_GEMV=2 selects it). Read when kernels are launched or captured.
 int gemv_version();
 void set_gemv_version(int v);
 
@@ -49,32 +47,6 @@ struct DMat {
   bool valid() const { return data != nullptr; }
   size_t row_bytes() const;  // bytes of codes/elements per row
   size_t nbytes() const;     // data + scales + biases
-};
-
-// L2 prefetch of bytes that a later kernel of the decode step reads (model weights, GDN state):
-// the kernel that carries it issues cp.async.bulk.prefetch.L2 for them, each block its
-// 1/gridDim share (prefetch_part of prefetch.h), so the bytes stream from HBM into L2 while the
-// step's serial chain of small kernels runs, and the reader hits L2. Ranges are static (known
-// when the step is recorded); it changes no result. Off: KESTREL_L2_PREFETCH=0.
-constexpr int kMaxPrefetch = 16;
-struct L2Prefetch {
-  const void* ptr[kMaxPrefetch] = {};
-  uint64_t bytes[kMaxPrefetch] = {};
-  int n = 0;
-};
-// Appends a byte range, or a weight matrix's codes, scales and biases; throws past kMaxPrefetch.
-void prefetch_add(L2Prefetch& pf, const void* p, uint64_t bytes);
-void prefetch_add(L2Prefetch& pf, const DMat& w);
-void prefetch_add_rows(L2Prefetch& pf, const DMat& w, int64_t rows);  // the first `rows` rows
-bool l2_prefetch_enabled();
-void set_l2_prefetch_enabled(bool on);
-
-// The same for rows chosen by the MoE routing of this step: the selected experts' row blocks
-// [e * rows_per, (e + 1) * rows_per) of each stacked matrix w[0..nw) (codes, scales, biases).
-struct ExpertPrefetch {
-  int nw = 0;  // 0: none
-  DMat w[2];
-  int64_t rows_per = 0;
 };
 
 constexpr int kMaxGemvRows = 8;   // activation rows (M) a GEMV takes at once
@@ -131,7 +103,6 @@ struct GemvArgs {
   GemvSeg seg[kMaxGemvSegs];
   int nseg = 0;
   RouteTail route;
-  L2Prefetch pf;
 };
 void gemv(const GemvArgs& a, cudaStream_t s);
 // One-time kernel attributes (large dynamic shared memory); call before any graph capture.
@@ -157,7 +128,6 @@ struct GdnDecodeArgs {
   float* state = nullptr;
   float* o = nullptr;
   int Hk = 0, Hv = 0, dk = 0, dv = 0;
-  L2Prefetch pf;
 };
 void gdn_decode(const GdnDecodeArgs& a, cudaStream_t s);
 
@@ -201,7 +171,6 @@ struct MoeGateUpArgs {
   DMat gate, up;
   const int* topk_idx = nullptr;  // [topk]
   float* act = nullptr;           // fp32 [topk, I]
-  ExpertPrefetch pf;              // the selected experts' down rows (moe_down's weights)
 };
 void moe_gate_up(const MoeGateUpArgs& a, cudaStream_t s);
 // moe_down: x[r] += sum_k w_k (down_{e_k} act_k)[r] + sigmoid(*sgate) (shared_down sact)[r],
@@ -217,7 +186,6 @@ struct MoeDownArgs {
   const float* sgate = nullptr;   // [1] shared_expert_gate logit
   DMat down, shared_down;
   float* x = nullptr;             // fp32 [hidden], residual stream, updated
-  L2Prefetch pf;
 };
 void moe_down(const MoeDownArgs& a, cudaStream_t s);
 

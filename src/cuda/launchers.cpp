@@ -27,28 +27,19 @@ int& pdl_flag() {
   }();
   return f;
 }
-int& prefetch_flag() {
-  static int f = [] {
-    const char* e = std::getenv("KESTREL_L2_PREFETCH");
-    return (e && std::string(e) == "0") ? 0 : 1;
-  }();
-  return f;
-}
 int& gemv_flag() {
   static int f = [] {
     const char* e = std::getenv("KESTREL_GEMV");
-    return (e && std::string(e) == "2") ? 2 : (e && std::string(e) == "3") ? 3 : 1;
+    return (e && std::string(e) == "2") ? 2 : 1;
   }();
   return f;
 }
 }  // namespace
 bool pdl_enabled() { return pdl_flag() != 0; }
 void set_pdl_enabled(bool on) { pdl_flag() = on ? 1 : 0; }
-bool l2_prefetch_enabled() { return prefetch_flag() != 0; }
-void set_l2_prefetch_enabled(bool on) { prefetch_flag() = on ? 1 : 0; }
 int gemv_version() { return gemv_flag(); }
 void set_gemv_version(int v) {
-  KESTREL_CHECK(v >= 1 && v <= 3, "GEMV version {} (1, 2 or 3)", v);
+  KESTREL_CHECK(v == 1 || v == 2, "GEMV version {} (1 or 2)", v);
   gemv_flag() = v;
 }
 
@@ -85,45 +76,6 @@ size_t DMat::nbytes() const {
   return n;
 }
 
-
-void prefetch_add(L2Prefetch& pf, const void* p, uint64_t bytes) {
-  if (bytes == 0) return;
-  KESTREL_CHECK(p != nullptr, "prefetch_add: null range of {} bytes", bytes);
-  KESTREL_CHECK(pf.n < kMaxPrefetch, "prefetch_add: more than {} ranges", kMaxPrefetch);
-  pf.ptr[pf.n] = p;
-  pf.bytes[pf.n] = bytes;
-  ++pf.n;
-}
-void prefetch_add_rows(L2Prefetch& pf, const DMat& w, int64_t rows) {
-  if (!w.valid()) return;
-  rows = std::clamp<int64_t>(rows, 0, w.rows);
-  prefetch_add(pf, w.data, uint64_t(w.row_bytes()) * uint64_t(rows));
-  if (w.fmt == DFmt::Q4 || w.fmt == DFmt::Q8) {
-    const uint64_t gb = 2ull * uint64_t(rows) * uint64_t(w.cols / w.group);
-    prefetch_add(pf, w.scales, gb);
-    prefetch_add(pf, w.biases, gb);
-  }
-}
-void prefetch_add(L2Prefetch& pf, const DMat& w) { prefetch_add_rows(pf, w, w.rows); }
-
-namespace {
-void check_prefetch(const L2Prefetch& pf, const char* who) {
-  KESTREL_CHECK(pf.n >= 0 && pf.n <= kMaxPrefetch, "{}: {} prefetch ranges", who, pf.n);
-  for (int i = 0; i < pf.n; ++i)
-    KESTREL_CHECK(pf.ptr[i] != nullptr || pf.bytes[i] == 0, "{}: prefetch range {} is null", who, i);
-}
-// Expert prefetch of the experts idx in [0, E): every expert's row block must lie in each matrix.
-void check_expert_prefetch(const ExpertPrefetch& pf, int64_t E, const char* who) {
-  KESTREL_CHECK(pf.nw >= 0 && pf.nw <= 2, "{}: {} expert prefetch matrices", who, pf.nw);
-  for (int m = 0; m < pf.nw; ++m) {
-    const DMat& w = pf.w[m];
-    KESTREL_CHECK(w.valid() && pf.rows_per > 0 && w.rows >= E * pf.rows_per &&
-                      (w.fmt == DFmt::BF16 || (w.scales && w.biases && w.group > 0)),
-                  "{}: expert prefetch matrix {} [{}, {}] does not hold {} experts of {} rows", who, m,
-                  w.rows, w.cols, E, pf.rows_per);
-  }
-}
-}  // namespace
 
 void kernels_init() {
   (void)num_sms();
@@ -181,7 +133,6 @@ void gemv(const GemvArgs& a, cudaStream_t s) {
       produced |= a.seg[i].y == r.logits && a.seg[i].w.rows >= r.E && a.seg[i].epi == Epilogue::Store;
     KESTREL_CHECK(produced, "gemv route: logits are not a Store segment of this launch with >= E rows");
   }
-  check_prefetch(a.pf, "gemv");
   gemv_init();
   gemv_launch(a, total, s);
 }
@@ -195,7 +146,6 @@ void gdn_decode(const GdnDecodeArgs& a, cudaStream_t s) {
   KESTREL_CHECK(a.u && a.b && a.a && a.A_log && a.dt_bias && a.state && a.o, "gdn_decode: null pointer");
   KESTREL_CHECK(a.ldu >= 2 * a.Hk * a.dk + a.Hv * a.dv && a.ldu % 4 == 0, "gdn_decode: ldu {}", a.ldu);
   KESTREL_CHECK(a.dv % 32 == 0, "gdn_decode: dv {}", a.dv);
-  check_prefetch(a.pf, "gdn_decode");
   gdn_decode_launch(a, s);
 }
 
@@ -224,7 +174,6 @@ void moe_gate_up(const MoeGateUpArgs& a, cudaStream_t s) {
                 "moe_gate_up: stacked gate/up must be [E*I, hidden] of one format");
   KESTREL_CHECK(a.h && a.topk_idx && a.act, "moe_gate_up: null pointer");
   KESTREL_CHECK(reinterpret_cast<uintptr_t>(a.h) % 16 == 0, "moe_gate_up: h not 16-byte aligned");
-  check_expert_prefetch(a.pf, a.E, "moe_gate_up");
   moe_gate_up_launch(a, s);
 }
 
@@ -247,7 +196,6 @@ void moe_down(const MoeDownArgs& a, cudaStream_t s) {
                 "moe_down: activations not 16-byte aligned");
   KESTREL_CHECK(a.down.fmt == DFmt::Q4 || a.down.fmt == DFmt::Q8 || a.down.fmt == DFmt::BF16,
                 "moe_down: format {}", dfmt_name(a.down.fmt));
-  check_prefetch(a.pf, "moe_down");
   moe_down_launch(a, s);
 }
 

@@ -8,7 +8,6 @@
 //     with its sigmoid gate, and the result added into the residual stream.
 // The router, shared-expert gate/up and sigmoid gate logits come from that fused GEMV before.
 #include "cuda/gemv_core.cuh"
-#include "cuda/prefetch.cuh"
 
 namespace kestrel::cuda {
 
@@ -54,8 +53,6 @@ __global__ void __launch_bounds__(256) moe_gate_up_kernel(const __grid_constant_
   }
   RowLoads<F, K, 32, 2 * TW> L;
   L.issue(w, rows, lane);
-  // moe_down's rows of the same experts, this block's part, into L2 behind this block's loads.
-  if (a.pf.nw > 0) prefetch_experts(a.pf, a.topk_idx, a.topk);
   smem_store4(xs, xsum, K, 0, tid, h0);
   smem_store4(xs, xsum, K, 0, tid + 256, h1);
   __syncthreads();
@@ -124,7 +121,6 @@ __global__ void __launch_bounds__(256, 2) moe_down_kernel(const __grid_constant_
     }
   };
   pdl_launch_dependents();
-  l2_prefetch(a.pf);
   pdl_wait();
   // The routing weights, the shared gate and this block's residual rows are loaded now, with
   // topk_idx (the final combine used to load topk_w in its loop: one dependent round trip per

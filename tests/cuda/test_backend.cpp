@@ -212,33 +212,6 @@ TEST(CudaBackend, MatchesCpuBackendQ4GemvV2) {
   set_gemv_version(1);
 }
 
-// The route variants reuse the seeds above: the greedy comparison needs a random model whose CPU
-// trajectory has >= 32 leading decisive steps (seeds 1, 2 and 4 do; 5 and 6 reach a near-tie by
-// step 21 and 27, H200 run at 5ac9531).
-TEST(CudaBackend, MatchesCpuBackendQ4GemvV3) {
-  REQUIRE_GPU();
-  set_gemv_version(3);
-  run_e2e(WFormat::Q4, WFormat::Q8, 4);
-  set_gemv_version(1);
-}
-
-TEST(CudaBackend, MatchesCpuBackendBf16GemvV3) {
-  REQUIRE_GPU();
-  set_gemv_version(3);
-  run_e2e(WFormat::BF16, WFormat::BF16, 1);
-  set_gemv_version(1);
-}
-
-// The other tests record their steps with the L2 prefetch schedule (the default); this one
-// without it: the same results either way.
-TEST(CudaBackend, MatchesCpuBackendQ4NoPrefetch) {
-  REQUIRE_GPU();
-  ASSERT_TRUE(l2_prefetch_enabled()) << "the default is the prefetch schedule";
-  set_l2_prefetch_enabled(false);  // read when the sequences' graphs are captured
-  run_e2e(WFormat::Q4, WFormat::Q8, 2);
-  set_l2_prefetch_enabled(true);
-}
-
 // The committed real-width fixture (tests/fixtures/realwidth: 4 layers, 16 experts top-8), its
 // weights regenerated with core/synth (as `kestrel synth-model --seed 1` does), loaded through the
 // real loader: bf16, and 4-bit via LoadOptions::quant = Q4 on both backends.

@@ -53,12 +53,12 @@ void run_gemv(const GemvCase& c, uint32_t seed) {
   expect_close(to_host<float>(*dxo, xn.size()), xn, 1e-6f, 1e-5f, what + " x_out");
 }
 
-// Runs the body once per GEMV route (v1 one row per warp, v2 rows in flight, v3 activations in
-// registers; M = 1 takes v2 / v3 where they apply when selected), restoring v1.
+// Runs the body once per GEMV route (v1 one row per warp, v2 rows in flight; M = 1 takes v2 when
+// selected), restoring v1.
 struct GemvRoutes {
   template <class F>
   static void each(F&& f) {
-    for (int v : {1, 2, 3}) {
+    for (int v : {1, 2}) {
       set_gemv_version(v);
       SCOPED_TRACE("gemv route v" + std::to_string(v));
       f();
@@ -413,7 +413,6 @@ TEST(CudaAttention, DecodeMatchesCpuAcrossSplitThresholds) {
 struct MoeCase {
   int E, topk;
   WFormat f, fr;  // experts / router format
-  bool prefetch = false;  // the decode step's L2 prefetch fields set, as the backend sets them
 };
 
 void run_moe(const MoeCase& c, uint32_t seed) {
@@ -472,10 +471,6 @@ void run_moe(const MoeCase& c, uint32_t seed) {
   DevBuf counter(4);
   KCUDA(cudaMemset(counter.p, 0, 4));
   a.route = RouteTail{dl->as<float>(), c.E, c.topk, ti.as<int>(), tw.as<float>(), counter.as<unsigned>()};
-  if (c.prefetch) {
-    prefetch_add(a.pf, dSD->d);
-    prefetch_add(a.pf, dx->p, 4 * H - 4);  // an unaligned tail
-  }
   // Twice, the routing poisoned in between: the last block of each launch routes (the counter
   // is left at zero for the next launch).
   for (int rep = 0; rep < 2; ++rep) {
@@ -494,11 +489,6 @@ void run_moe(const MoeCase& c, uint32_t seed) {
   gu.up = dU->d;
   gu.topk_idx = ti.as<int>();
   gu.act = dact->as<float>();
-  if (c.prefetch) {
-    gu.pf.nw = 1;
-    gu.pf.w[0] = dD->d;
-    gu.pf.rows_per = H;
-  }
   moe_gate_up(gu, nullptr);
   MoeDownArgs dn;
   dn.topk = c.topk;
@@ -514,11 +504,9 @@ void run_moe(const MoeCase& c, uint32_t seed) {
   dn.down = dD->d;
   dn.shared_down = dSD->d;
   dn.x = dx->as<float>();
-  if (c.prefetch)
-    for (const auto* m : {&dR, &dG, &dU, &dSG, &dSU}) prefetch_add(dn.pf, (*m)->d);
   moe_down(dn, nullptr);
-  const std::string wh = fmt::format("moe E={} k={} {} router {}{}", c.E, c.topk, wformat_name(c.f),
-                                     wformat_name(c.fr), c.prefetch ? " prefetch" : "");
+  const std::string wh = fmt::format("moe E={} k={} {} router {}", c.E, c.topk, wformat_name(c.f),
+                                     wformat_name(c.fr));
   std::vector<float> got = to_host<float>(*dx, size_t(H));
   std::vector<float> dgot(static_cast<size_t>(H)), dwant(static_cast<size_t>(H));
   for (int64_t i = 0; i < H; ++i) {
@@ -532,42 +520,11 @@ void run_moe(const MoeCase& c, uint32_t seed) {
 
 TEST(CudaMoe, DecodeMatchesCpu) {
   REQUIRE_GPU();
-  GemvRoutes::each([] {
-    uint32_t seed = 500;
-    run_moe({256, 8, WFormat::Q4, WFormat::Q8}, seed++);
-    run_moe({256, 8, WFormat::BF16, WFormat::BF16}, seed++);
-    run_moe({16, 4, WFormat::Q8, WFormat::BF16}, seed++);
-    run_moe({8, 2, WFormat::Q4, WFormat::Q4}, seed++);
-    run_moe({256, 8, WFormat::Q4, WFormat::Q8, true}, seed++);
-    run_moe({16, 4, WFormat::BF16, WFormat::BF16, true}, seed++);
-  });
-}
-
-TEST(CudaMoe, PrefetchRejectsExpertsOutsideTheMatrix) {
-  REQUIRE_GPU();
-  std::mt19937 g(3);
-  auto gate = make_mat(WFormat::Q4, 4 * 512, 2048, g);
-  auto dG = to_dev(gate->m);
-  auto dh = poisoned(2048);
-  auto dact = poisoned(8 * 512);
-  DevBuf ti(64);
-  MoeGateUpArgs gu;
-  gu.E = 4;
-  gu.topk = 2;
-  gu.h = dh->as<float>();
-  gu.hidden = 2048;
-  gu.I = 512;
-  gu.gate = gu.up = dG->d;
-  gu.topk_idx = ti.as<int>();
-  gu.act = dact->as<float>();
-  gu.pf.nw = 1;
-  gu.pf.w[0] = dG->d;
-  gu.pf.rows_per = 1024;  // 4 experts of 1024 rows do not fit in 2048 rows
-  EXPECT_THROW(moe_gate_up(gu, nullptr), Error);
-  L2Prefetch pf;
-  for (int i = 0; i < kMaxPrefetch; ++i) prefetch_add(pf, dh->p, 64);
-  EXPECT_THROW(prefetch_add(pf, dh->p, 64), Error);
-  EXPECT_THROW(prefetch_add(pf, nullptr, 64), Error);
+  uint32_t seed = 500;
+  run_moe({256, 8, WFormat::Q4, WFormat::Q8}, seed++);
+  run_moe({256, 8, WFormat::BF16, WFormat::BF16}, seed++);
+  run_moe({16, 4, WFormat::Q8, WFormat::BF16}, seed++);
+  run_moe({8, 2, WFormat::Q4, WFormat::Q4}, seed++);
 }
 
 // The router GEMV's route tail on exact ties: router rows repeat with period 37, so equal logits

@@ -5,8 +5,7 @@
 #   prefill: every kernel of one ${PROMPT:-4096}-token q4 prompt (duration only, one pass).
 # Writes $OUT/profile/{decode,prefill}_*.csv, summary_*.txt (kernel, count, total us, share).
 # Usage (repo root on the device, carry ".devdeps"): tools/device/profile.sh [--prebuilt]
-#   PARTS="decode prefill" (default both), WEIGHTS=q4, GEMV=1 (decode GEMV route),
-#   PREFETCH=on (decode L2 prefetch schedule)
+#   PARTS="decode prefill" (default both), WEIGHTS=q4
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/profile_out}
@@ -69,12 +68,11 @@ for part in ${PARTS:-decode prefill}; do
       --launch-skip 3000 --launch-count 504 \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__registers_per_thread \
       --export /tmp/ncu_decode --force-overwrite \
-      $K bench --synthetic $W --contexts ${CTX:-0} --pdl off --gemv ${GEMV:-1} --prefetch ${PREFETCH:-on} \
-      --steps 64 --warmup 32 --out /tmp/benchres \
+      $K bench --synthetic $W --contexts ${CTX:-0} --pdl off --steps 64 --warmup 32 --out /tmp/benchres \
       > "$P/decode_bench.log" 2> "$P/decode_ncu.err"
     echo "ncu decode: rc=$? in $(( $(date +%s) - T0 )) s"
     ncu --import /tmp/ncu_decode.ncu-rep --csv --page raw > "$P/decode_${W}_ctx${CTX:-0}.csv" 2>> "$P/decode_ncu.err"
-    summarise "$P/decode_${W}_ctx${CTX:-0}.csv" "$P/summary_decode_${W}_ctx${CTX:-0}_gemv${GEMV:-1}.txt"
+    summarise "$P/decode_${W}_ctx${CTX:-0}.csv" "$P/summary_decode_${W}_ctx${CTX:-0}.txt"
   else
     # Only the prompt path's kernels (names of prefill*.cu); the warm-up prompt is the one profiled.
     timeout 300 ncu --clock-control none --cache-control none \
