@@ -134,12 +134,12 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
   if [ "$BENCH" = 1 ]; then
     T0=$(date +%s)
     [ -x "$BIN/kestrel" ] || note "bench: no kestrel binary"
-    timeout 70 "$BIN/kestrel" bench --synthetic q4 --contexts 0,4096,32768,131072 --steps 128 --gemv 1 --pdl off \
-      --out "$W/results" > "$W/bench_q4.log" 2>&1
+    timeout 100 "$BIN/kestrel" bench --synthetic q4 --contexts 0,4096,32768,131072 --steps 128 --gemv 1 --pdl off \
+      --moe both --out "$W/results" > "$W/bench_q4.log" 2>&1
     note "bench q4: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_q4.log" | tee -a "$SUMMARY"
     T0=$(date +%s)
-    timeout 60 "$BIN/kestrel" bench --synthetic bf16 --contexts 0,4096 --steps 128 --gemv 2 --pdl off \
-      --out "$W/results" > "$W/bench_bf16.log" 2>&1
+    timeout 80 "$BIN/kestrel" bench --synthetic bf16 --contexts 0,4096 --steps 128 --gemv 2 --pdl off \
+      --moe both --out "$W/results" > "$W/bench_bf16.log" 2>&1
     note "bench bf16: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_bf16.log" | tee -a "$SUMMARY"
     pack
   fi
@@ -154,9 +154,11 @@ fi
 # ---- 6. per-kernel profiles (needs build-gpu/kestrel: not with --prebuilt)
 if [ -z "$PREBUILT" ] && [ -n "$BIN" ] && [ "$PROFILE" = 1 ] && [ -x build-gpu/kestrel ]; then
   T0=$(date +%s)
-  OUT=$W timeout 240 bash tools/device/profile.sh --prebuilt > "$W/profile.log" 2>&1
+  # PROFILE_PARTS (default "decode prefill") and STALLS=1 (warp stall reasons) pass through.
+  OUT=$W PARTS="${PROFILE_PARTS:-decode prefill}" timeout 240 bash tools/device/profile.sh --prebuilt > "$W/profile.log" 2>&1
   note "profile: rc=$? in $(( $(date +%s) - T0 )) s"
   for f in "$W"/profile/summary_*.txt; do [ -f "$f" ] && { echo "-- $(basename "$f")"; head -14 "$f"; } | tee -a "$SUMMARY"; done
+  [ -f "$W/profile/stalls_decode.txt" ] && head -40 "$W/profile/stalls_decode.txt" | tee -a "$SUMMARY"
 fi
 
 note "== done $(date -u +%FT%TZ)"

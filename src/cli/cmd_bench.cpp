@@ -51,6 +51,7 @@ struct BenchOpts {
   std::string out_dir = "bench/results";
   uint64_t seed = 1;
   std::string pdl = "both";  // programmatic dependent launch: on | off | both
+  std::string moe = "fused";  // MoE experts route: fused | split | both
   std::string gemv = "1";    // GEMV route for M = 1: 1 | 2 | both
   std::string prefill;       // prompt lengths: run the prefill benchmark instead of decode
   int prefill_runs = 3;      // timed runs per prompt of <= 8192 tokens (one for longer)
@@ -274,21 +275,29 @@ void run_bench(const BenchOpts& o) {
   std::vector<bool> pdl_modes;
   if (o.pdl != "on") pdl_modes.push_back(false);
   if (o.pdl != "off") pdl_modes.push_back(true);
+  KESTREL_CHECK(o.moe == "fused" || o.moe == "split" || o.moe == "both", "--moe {} (fused, split or both)",
+                o.moe);
+  std::vector<bool> moe_modes;
+  if (o.moe != "split") moe_modes.push_back(true);
+  if (o.moe != "fused") moe_modes.push_back(false);
   nlohmann::json records = nlohmann::json::array();
-  std::printf("%-8s %4s %4s %9s %10s %10s %11s %10s %8s\n", "weights", "gemv", "pdl", "context",
+  std::printf("%-8s %4s %4s %5s %9s %10s %10s %11s %10s %8s\n", "weights", "gemv", "pdl", "moe", "context",
               "step_ms", "tok/s", "GB/s", "floor", "of floor");
   struct Mode {
     int gemv;
     bool pdl;
+    bool moe_fused;
   };
   std::vector<Mode> modes;
   for (int g : gemv_modes)
-    for (bool p : pdl_modes) modes.push_back({g, p});
+    for (bool p : pdl_modes)
+      for (bool f : moe_modes) modes.push_back({g, p, f});
   for (int64_t ctx : contexts)
   for (const Mode& md : modes) {
     const bool pdl = md.pdl;
     cuda::set_pdl_enabled(pdl);  // both read when the sequence's graph is captured
     cuda::set_gemv_version(md.gemv);
+    cuda::set_moe_fused_enabled(md.moe_fused);
     const SeqId s = b->create_sequence(std::max<int64_t>(ctx + o.warmup + o.steps + 1, 64));
     if (ctx > 0) cuda::set_synthetic_context(*b, s, ctx, o.seed + uint64_t(ctx));
     auto t = cuda::time_decode_steps(*b, s, 1, o.warmup, o.steps);
@@ -296,8 +305,8 @@ void run_bench(const BenchOpts& o) {
     const double med = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
     const double bytes = cuda::decode_step_bytes(*b, ctx);
     const double tps = 1.0 / med, gbs = bytes / med / 1e9, floor = kBandwidth / bytes;
-    std::printf("%-8s %4d %4s %9lld %10.4f %10.1f %11.1f %10.1f %7.1f%%\n", weights.c_str(),
-                md.gemv, pdl ? "on" : "off", (long long)ctx,
+    std::printf("%-8s %4d %4s %5s %9lld %10.4f %10.1f %11.1f %10.1f %7.1f%%\n", weights.c_str(),
+                md.gemv, pdl ? "on" : "off", md.moe_fused ? "fused" : "split", (long long)ctx,
                 med * 1e3, tps, gbs, floor, 100.0 * tps / floor);
     std::fflush(stdout);
     records.push_back({{"kind", "decode"},
@@ -316,6 +325,7 @@ void run_bench(const BenchOpts& o) {
                        {"layers", b->config().num_layers},
                        {"pdl", pdl},
                        {"gemv_route", md.gemv},
+                       {"moe_route", md.moe_fused ? "fused" : "split"},
                        {"gpu", gpu},
                        {"git_sha", sha},
                        {"date", date}});
@@ -345,6 +355,8 @@ void setup_bench(CLI::App& root) {
   c->add_option("--out", o->out_dir, "Output directory");
   c->add_option("--seed", o->seed, "Synthetic weights seed");
   c->add_option("--pdl", o->pdl, "Programmatic dependent launch: on, off or both (one record each)");
+  c->add_option("--moe", o->moe,
+                "MoE experts route: fused (gate/up and down in one launch), split, or both (one record each)");
   c->add_option("--gemv", o->gemv, "GEMV route for M = 1: 1, 2 or both (one record each)");
   c->add_option("--prefill", o->prefill,
                 "Comma-separated prompt lengths: benchmark prompts (prefill) instead of decode");

@@ -595,6 +595,7 @@ class CudaBackend final : public Backend {
         *logits;
     int* ti;
     unsigned* route_counter;  // RouteTail's completion counter (zero between launches)
+    unsigned* moe_counters;   // moe_experts' [2] counters (zero between launches)
     unsigned long long* argmax;
   };
 
@@ -657,6 +658,8 @@ class CudaBackend final : public Backend {
     sc_.ti = A.alloc_n<int>(16);
     sc_.route_counter = A.alloc_n<unsigned>(1);
     KCUDA(cudaMemset(sc_.route_counter, 0, sizeof(unsigned)));
+    sc_.moe_counters = A.alloc_n<unsigned>(2);
+    KCUDA(cudaMemset(sc_.moe_counters, 0, 2 * sizeof(unsigned)));
     sc_.act = A.alloc_n<float>(size_t(c.num_experts_per_tok) * c.moe_intermediate_size);
     sc_.logits = A.alloc_n<float>(size_t(c.vocab_size));
     sc_.argmax = A.alloc_n<unsigned long long>(1);
@@ -809,7 +812,6 @@ class CudaBackend final : public Backend {
     gu.up = d.up;
     gu.topk_idx = sc_.ti;
     gu.act = sc_.act;
-    moe_gate_up(gu, s_);
     MoeDownArgs dn;
     dn.topk = c.num_experts_per_tok;
     dn.hidden = H;
@@ -824,7 +826,12 @@ class CudaBackend final : public Backend {
     dn.down = d.down;
     dn.shared_down = d.sh_down;
     dn.x = sc_.x;
-    moe_down(dn, s_);
+    if (moe_fused_enabled()) {  // read when the step is recorded
+      moe_experts(MoeExpertsArgs{gu, dn, sc_.moe_counters}, s_);
+    } else {
+      moe_gate_up(gu, s_);
+      moe_down(dn, s_);
+    }
   }
 
   std::unique_ptr<DModel> m_;

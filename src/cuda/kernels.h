@@ -188,6 +188,21 @@ struct MoeDownArgs {
   float* x = nullptr;             // fp32 [hidden], residual stream, updated
 };
 void moe_down(const MoeDownArgs& a, cudaStream_t s);
+// moe_gate_up then moe_down as one launch (same arguments; gu.act == dn.act, one weight format
+// for gate, up and down): the down blocks wait on counters[0] (a count of finished gate/up
+// blocks) instead of a kernel boundary. counters: 2 device words, zero before the first launch
+// and left at zero by every launch. Needs more blocks resident than down blocks (checked).
+constexpr int kMoeFusedDownRows = 16;  // output rows per down block of the fused launch
+struct MoeExpertsArgs {
+  MoeGateUpArgs gu;
+  MoeDownArgs dn;
+  unsigned* counters = nullptr;
+};
+void moe_experts(const MoeExpertsArgs& a, cudaStream_t s);
+// Route of the decode step's MoE experts: fused (moe_experts, default) or the two launches
+// (KESTREL_MOE_FUSED=0). Read when the step is recorded.
+bool moe_fused_enabled();
+void set_moe_fused_enabled(bool on);
 
 // Start of a decode step (one block): takes the token (from *argmax when non-null, else from
 // *token), writes it to *token and history[*len], sets *pos = *len, ++*len, resets *argmax to 0,

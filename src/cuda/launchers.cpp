@@ -80,6 +80,7 @@ size_t DMat::nbytes() const {
 void kernels_init() {
   (void)num_sms();
   gemv_init();
+  for (DFmt f : {DFmt::BF16, DFmt::Q4, DFmt::Q8}) (void)moe_experts_resident(f);  // outside any capture
 }
 
 void gemv(const GemvArgs& a, cudaStream_t s) {
@@ -164,7 +165,8 @@ void attn_decode(const AttnDecodeArgs& a, cudaStream_t s) {
 }
 
 
-void moe_gate_up(const MoeGateUpArgs& a, cudaStream_t s) {
+namespace {
+void check_gate_up(const MoeGateUpArgs& a) {
   KESTREL_CHECK(a.E >= 1 && a.E <= 512 && a.topk >= 1 && a.topk <= 16 && a.topk <= a.E,
                 "moe_gate_up: E {} top-k {} (supported E <= {}, k <= {})", a.E, a.topk, 512, 16);
   KESTREL_CHECK(a.hidden == 2048, "moe_gate_up: hidden {} (kernel is for 2048)", a.hidden);
@@ -174,10 +176,8 @@ void moe_gate_up(const MoeGateUpArgs& a, cudaStream_t s) {
                 "moe_gate_up: stacked gate/up must be [E*I, hidden] of one format");
   KESTREL_CHECK(a.h && a.topk_idx && a.act, "moe_gate_up: null pointer");
   KESTREL_CHECK(reinterpret_cast<uintptr_t>(a.h) % 16 == 0, "moe_gate_up: h not 16-byte aligned");
-  moe_gate_up_launch(a, s);
 }
-
-void moe_down(const MoeDownArgs& a, cudaStream_t s) {
+void check_down(const MoeDownArgs& a) {
   KESTREL_CHECK(a.topk >= 1 && a.topk <= 16, "moe_down: top-k {}", a.topk);
   KESTREL_CHECK(a.I == 512 && a.Is == 512, "moe_down: expert widths {}/{} (kernel is for 512)", a.I,
                 a.Is);
@@ -196,7 +196,47 @@ void moe_down(const MoeDownArgs& a, cudaStream_t s) {
                 "moe_down: activations not 16-byte aligned");
   KESTREL_CHECK(a.down.fmt == DFmt::Q4 || a.down.fmt == DFmt::Q8 || a.down.fmt == DFmt::BF16,
                 "moe_down: format {}", dfmt_name(a.down.fmt));
+}
+int& moe_fused_flag() {
+  static int f = [] {
+    const char* e = std::getenv("KESTREL_MOE_FUSED");
+    return (e && std::string(e) == "0") ? 0 : 1;
+  }();
+  return f;
+}
+}  // namespace
+
+bool moe_fused_enabled() { return moe_fused_flag() != 0; }
+void set_moe_fused_enabled(bool on) { moe_fused_flag() = on ? 1 : 0; }
+
+void moe_gate_up(const MoeGateUpArgs& a, cudaStream_t s) {
+  check_gate_up(a);
+  moe_gate_up_launch(a, s);
+}
+
+void moe_down(const MoeDownArgs& a, cudaStream_t s) {
+  check_down(a);
   moe_down_launch(a, s);
+}
+
+void moe_experts(const MoeExpertsArgs& a, cudaStream_t s) {
+  check_gate_up(a.gu);
+  check_down(a.dn);
+  KESTREL_CHECK(a.counters != nullptr, "moe_experts: null counters");
+  KESTREL_CHECK(a.gu.act == a.dn.act && a.gu.topk == a.dn.topk && a.gu.topk_idx == a.dn.topk_idx &&
+                    a.gu.I == a.dn.I && a.gu.hidden == a.dn.hidden,
+                "moe_experts: the gate/up and down parts must share act, top-k, routing and widths");
+  KESTREL_CHECK(a.gu.gate.fmt == a.dn.down.fmt, "moe_experts: gate/up {} and down {} formats differ",
+                dfmt_name(a.gu.gate.fmt), dfmt_name(a.dn.down.fmt));
+  // The down blocks wait for the gate/up blocks: the launch is safe only if a gate/up block can
+  // be resident while every down block waits.
+  const int resident = moe_experts_resident(a.gu.gate.fmt);
+  KESTREL_CHECK(a.dn.hidden % kMoeFusedDownRows == 0, "moe_experts: hidden {} not a multiple of {}",
+                a.dn.hidden, kMoeFusedDownRows);
+  KESTREL_CHECK(resident > a.dn.hidden / kMoeFusedDownRows,
+                "moe_experts: {} blocks resident, {} down blocks would wait", resident,
+                a.dn.hidden / kMoeFusedDownRows);
+  moe_experts_launch(a, s);
 }
 
 

@@ -6,6 +6,9 @@
 //     k experts and the shared expert (the first pass's loads are issued before the activations
 //     are staged), then the rows are combined in ascending expert order, the shared expert added
 //     with its sigmoid gate, and the result added into the residual stream.
+//   moe_experts: both in one launch (the gate/up blocks first, then the down blocks, which issue
+//     their expert rows' loads and wait on a completion count of the gate/up blocks instead of a
+//     kernel boundary).
 // The router, shared-expert gate/up and sigmoid gate logits come from that fused GEMV before.
 #include "cuda/gemv_core.cuh"
 
@@ -21,19 +24,26 @@ __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast
 template <DFmt F>
 constexpr int kGuTasks = F == DFmt::Q4 ? 2 : 1;
 
+// In the fused launch (moe_experts_kernel) a q4 warp takes 4 tasks, so that its 128 gate/up
+// blocks and 128 down blocks of 16 rows are all resident at once (2 per SM): the down blocks' weight
+// loads then overlap the gate/up blocks instead of waiting for a free slot.
 template <DFmt F>
-__global__ void __launch_bounds__(256) moe_gate_up_kernel(const __grid_constant__ MoeGateUpArgs a) {
+constexpr int kFusedGuTasks = F == DFmt::Q4 ? 4 : F == DFmt::Q8 ? 2 : 1;
+constexpr int kFusedDownRows = kMoeFusedDownRows;
+
+constexpr int gate_up_blocks(int64_t tasks, int tw) { return int((tasks + 8 * tw - 1) / (8 * tw)); }
+
+// Block vb of moe_gate_up (a 1-D grid of gate_up_blocks(topk * I, TW) blocks of 256 threads).
+template <DFmt F, int TW>
+__device__ __forceinline__ void gate_up_block(const MoeGateUpArgs& a, int vb) {
   constexpr int K = 2048;
-  constexpr int TW = kGuTasks<F>;
   __shared__ float4 xs4[K / 4];
   __shared__ float xsum[K / 16];
   float* xs = reinterpret_cast<float*>(xs4);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  pdl_launch_dependents();
-  pdl_wait();
   const float4 h0 = ld4(a.h + 4 * tid), h1 = ld4(a.h + 4 * (tid + 256));
   const int64_t ntask = int64_t(a.topk) * a.I;
-  const int64_t t0 = (int64_t(blockIdx.x) * 8 + warp) * TW;
+  const int64_t t0 = (int64_t(vb) * 8 + warp) * TW;
   const DMat* w[2 * TW];
   int64_t rows[2 * TW];
 #pragma unroll
@@ -70,12 +80,56 @@ __global__ void __launch_bounds__(256) moe_gate_up_kernel(const __grid_constant_
   }
 }
 
-constexpr int kDownRows = 8;          // output rows per block
-constexpr int kHalfWarps = 16;        // 256 threads / 16 lanes
-constexpr int kTasksPerHalf = (kDownRows * (kMaxK + 1) + kHalfWarps - 1) / kHalfWarps;  // 9
+template <DFmt F>
+__global__ void __launch_bounds__(256) moe_gate_up_kernel(const __grid_constant__ MoeGateUpArgs a) {
+  pdl_launch_dependents();
+  pdl_wait();
+  gate_up_block<F, kGuTasks<F>>(a, blockIdx.x);
+}
 
-template <DFmt F, int KI>
-__global__ void __launch_bounds__(256, 2) moe_down_kernel(const __grid_constant__ MoeDownArgs a) {
+// Dependencies between the two parts of the fused launch (moe_experts_kernel): the gate/up blocks
+// publish (every thread's writes fenced, then one count per block), the down blocks wait for the
+// count of all of them after issuing their first weight loads.
+__device__ __forceinline__ void publish(unsigned* ready) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) atomicAdd(ready, 1u);
+}
+// Thread 0 spins (acquire loads) until *ready >= target, then a block barrier. Traps after ~2 s:
+// a dependency that can never be met (a launch with too few blocks resident) fails the launch
+// instead of hanging the GPU.
+__device__ __forceinline__ void wait_ready(const unsigned* ready, unsigned target) {
+  if (threadIdx.x == 0) {
+    const long long t0 = clock64();
+    for (;;) {
+      unsigned v;
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ready) : "memory");
+      if (v >= target) break;
+      __nanosleep(32);
+      if (clock64() - t0 > (1ll << 32)) __trap();
+    }
+  }
+  __syncthreads();
+}
+// The last of n waiting blocks resets both counters for the next launch (every waiter has passed
+// its wait by then; the next launch starts after this one ends).
+__device__ __forceinline__ void retire(unsigned* ready, unsigned* passed, unsigned n) {
+  if (threadIdx.x == 0 && atomicAdd(passed, 1u) == n - 1) {
+    *ready = 0u;
+    *passed = 0u;
+  }
+}
+
+constexpr int kDownRows = 8;          // output rows per block (the two-launch route)
+constexpr int kHalfWarps = 16;        // 256 threads / 16 lanes
+
+// Block vb of moe_down (hidden / ROWS blocks of 256 threads). With ready != nullptr the
+// activations come from blocks of the same launch: the block waits for *ready >= target after its
+// first pass of weight loads is in flight, and reads them through L2.
+template <DFmt F, int KI, int ROWS>
+__device__ __forceinline__ void down_block(const MoeDownArgs& a, int vb, const unsigned* ready, unsigned target) {
+  constexpr int kDownRows = ROWS;
+  constexpr int kTasksPerHalf = (kDownRows * (kMaxK + 1) + kHalfWarps - 1) / kHalfWarps;  // 9 for 8 rows
   // Activations: rows 0..topk-1 routed, row topk shared; each [KI] in the swizzled layout.
   __shared__ float4 xs4[(kMaxK + 1) * KI / 4];
   __shared__ float xsum[(kMaxK + 1) * KI / 16];
@@ -85,7 +139,7 @@ __global__ void __launch_bounds__(256, 2) moe_down_kernel(const __grid_constant_
   const int tid = threadIdx.x;
   const int nm = a.topk + 1;
   const int hw = tid >> 4, li = tid & 15;
-  const int r0 = blockIdx.x * kDownRows;
+  const int r0 = vb * kDownRows;
   const int ntasks = kDownRows * nm;
   // Tasks of this half-warp in passes of P (all loads of a pass in flight together; P keeps the
   // code registers of a pass at <= ~40).
@@ -120,8 +174,6 @@ __global__ void __launch_bounds__(256, 2) moe_down_kernel(const __grid_constant_
       if (li == 0 && base + t < kTasksPerHalf && task < ntasks) res[task / nm][task % nm] = v;
     }
   };
-  pdl_launch_dependents();
-  pdl_wait();
   // The routing weights, the shared gate and this block's residual rows are loaded now, with
   // topk_idx (the final combine used to load topk_w in its loop: one dependent round trip per
   // expert at the very end).
@@ -139,6 +191,7 @@ __global__ void __launch_bounds__(256, 2) moe_down_kernel(const __grid_constant_
   task_rows(0, w0, rows0, X0);
   RowLoads<F, KI, 16, P> L0;
   L0.issue(w0, rows0, li);
+  if (ready != nullptr) wait_ready(ready, target);
   {
     constexpr int F4 = KI / 4;  // float4 per activation row
     const int nf = nm * F4;
@@ -149,7 +202,7 @@ __global__ void __launch_bounds__(256, 2) moe_down_kernel(const __grid_constant_
         const int f = base + tid + 256 * i, m = f / F4, c = f % F4;  // m warp-uniform
         if (f < nf) {
           if (m < a.topk) {
-            v[i] = ld4(a.act + size_t(m) * KI + 4 * c);
+            v[i] = __ldcg(reinterpret_cast<const float4*>(a.act + size_t(m) * KI + 4 * c));
           } else {
             const float4 g = ld4(a.sg + 4 * c), u = ld4(a.su + 4 * c);
             v[i] = make_float4(silu_f(g.x) * u.x, silu_f(g.y) * u.y, silu_f(g.z) * u.z, silu_f(g.w) * u.w);
@@ -185,15 +238,39 @@ __global__ void __launch_bounds__(256, 2) moe_down_kernel(const __grid_constant_
   }
 }
 
+template <DFmt F, int KI>
+__global__ void __launch_bounds__(256, 2) moe_down_kernel(const __grid_constant__ MoeDownArgs a) {
+  pdl_launch_dependents();
+  pdl_wait();
+  down_block<F, KI, kDownRows>(a, blockIdx.x, nullptr, 0u);
+}
+
+// moe_gate_up and moe_down in one launch: the first blocks are gate/up blocks, the rest down
+// blocks, which issue their expert rows' loads, then wait for every gate/up block. The
+// producers have the lower block indices, and the launcher requires more resident blocks than
+// down blocks, so some gate/up block can always run: the waits always end.
+template <DFmt F>
+__global__ void __launch_bounds__(256, 2) moe_experts_kernel(const __grid_constant__ MoeExpertsArgs a) {
+  pdl_launch_dependents();
+  pdl_wait();
+  const int ngu = gate_up_blocks(int64_t(a.gu.topk) * a.gu.I, kFusedGuTasks<F>);
+  if (int(blockIdx.x) < ngu) {
+    gate_up_block<F, kFusedGuTasks<F>>(a.gu, blockIdx.x);
+    publish(a.counters);
+  } else {
+    down_block<F, 512, kFusedDownRows>(a.dn, int(blockIdx.x) - ngu, a.counters, unsigned(ngu));
+    retire(a.counters, a.counters + 1, gridDim.x - unsigned(ngu));
+  }
+}
+
 }  // namespace
 
 void moe_gate_up_launch(const MoeGateUpArgs& a, cudaStream_t s) {
   const int64_t tasks = int64_t(a.topk) * a.I;
-  auto blocks = [&](int tw) { return dim3(unsigned((tasks + 8 * tw - 1) / (8 * tw))); };
   switch (a.gate.fmt) {
-    case DFmt::Q4: launch_pdl(moe_gate_up_kernel<DFmt::Q4>, blocks(kGuTasks<DFmt::Q4>), dim3(256), 0, s, a); break;
-    case DFmt::Q8: launch_pdl(moe_gate_up_kernel<DFmt::Q8>, blocks(kGuTasks<DFmt::Q8>), dim3(256), 0, s, a); break;
-    default: launch_pdl(moe_gate_up_kernel<DFmt::BF16>, blocks(kGuTasks<DFmt::BF16>), dim3(256), 0, s, a); break;
+    case DFmt::Q4: launch_pdl(moe_gate_up_kernel<DFmt::Q4>, dim3(gate_up_blocks(tasks, kGuTasks<DFmt::Q4>)), dim3(256), 0, s, a); break;
+    case DFmt::Q8: launch_pdl(moe_gate_up_kernel<DFmt::Q8>, dim3(gate_up_blocks(tasks, kGuTasks<DFmt::Q8>)), dim3(256), 0, s, a); break;
+    default: launch_pdl(moe_gate_up_kernel<DFmt::BF16>, dim3(gate_up_blocks(tasks, kGuTasks<DFmt::BF16>)), dim3(256), 0, s, a); break;
   }
 }
 
@@ -203,6 +280,40 @@ void moe_down_launch(const MoeDownArgs& a, cudaStream_t s) {
     case DFmt::Q4: launch_pdl(moe_down_kernel<DFmt::Q4, 512>, dim3(blocks), dim3(256), 0, s, a); break;
     case DFmt::Q8: launch_pdl(moe_down_kernel<DFmt::Q8, 512>, dim3(blocks), dim3(256), 0, s, a); break;
     default: launch_pdl(moe_down_kernel<DFmt::BF16, 512>, dim3(blocks), dim3(256), 0, s, a); break;
+  }
+}
+
+namespace {
+template <DFmt F>
+int experts_resident() {
+  static const int n = [] {
+    int per_sm = 0;
+    KCUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_experts_kernel<F>, 256, 0));
+    return per_sm * num_sms();
+  }();
+  return n;
+}
+template <DFmt F>
+void launch_experts(const MoeExpertsArgs& a, cudaStream_t s) {
+  const int ngu = gate_up_blocks(int64_t(a.gu.topk) * a.gu.I, kFusedGuTasks<F>);
+  const int ndn = int(a.dn.hidden / kFusedDownRows);
+  launch_pdl(moe_experts_kernel<F>, dim3(unsigned(ngu + ndn)), dim3(256), 0, s, a);
+}
+}  // namespace
+
+int moe_experts_resident(DFmt f) {
+  switch (f) {
+    case DFmt::Q4: return experts_resident<DFmt::Q4>();
+    case DFmt::Q8: return experts_resident<DFmt::Q8>();
+    default: return experts_resident<DFmt::BF16>();
+  }
+}
+
+void moe_experts_launch(const MoeExpertsArgs& a, cudaStream_t s) {
+  switch (a.gu.gate.fmt) {
+    case DFmt::Q4: launch_experts<DFmt::Q4>(a, s); break;
+    case DFmt::Q8: launch_experts<DFmt::Q8>(a, s); break;
+    default: launch_experts<DFmt::BF16>(a, s); break;
   }
 }
 

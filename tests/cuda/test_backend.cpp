@@ -205,6 +205,15 @@ TEST(CudaBackend, MatchesCpuBackendQ4) {
   run_e2e(WFormat::Q4, WFormat::Q8, 2);
 }
 
+// The other tests run the default MoE route (moe_experts, one launch); this one the two launches.
+TEST(CudaBackend, MatchesCpuBackendQ4MoeSplit) {
+  REQUIRE_GPU();
+  ASSERT_TRUE(moe_fused_enabled()) << "the fused MoE launch is the default";
+  set_moe_fused_enabled(false);  // read when the sequences' graphs are captured
+  run_e2e(WFormat::Q4, WFormat::Q8, 2);
+  set_moe_fused_enabled(true);
+}
+
 TEST(CudaBackend, MatchesCpuBackendQ4GemvV2) {
   REQUIRE_GPU();
   set_gemv_version(2);  // read when the sequences' graphs are captured

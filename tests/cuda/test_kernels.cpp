@@ -413,6 +413,7 @@ TEST(CudaAttention, DecodeMatchesCpuAcrossSplitThresholds) {
 struct MoeCase {
   int E, topk;
   WFormat f, fr;  // experts / router format
+  bool fused = false;  // moe_experts (one launch) instead of moe_gate_up + moe_down
 };
 
 void run_moe(const MoeCase& c, uint32_t seed) {
@@ -489,7 +490,6 @@ void run_moe(const MoeCase& c, uint32_t seed) {
   gu.up = dU->d;
   gu.topk_idx = ti.as<int>();
   gu.act = dact->as<float>();
-  moe_gate_up(gu, nullptr);
   MoeDownArgs dn;
   dn.topk = c.topk;
   dn.hidden = H;
@@ -504,9 +504,22 @@ void run_moe(const MoeCase& c, uint32_t seed) {
   dn.down = dD->d;
   dn.shared_down = dSD->d;
   dn.x = dx->as<float>();
-  moe_down(dn, nullptr);
-  const std::string wh = fmt::format("moe E={} k={} {} router {}", c.E, c.topk, wformat_name(c.f),
-                                     wformat_name(c.fr));
+  DevBuf mc(8);
+  KCUDA(cudaMemset(mc.p, 0, 8));
+  if (c.fused) {
+    // Twice from the same residual: the second launch must find the counters reset.
+    const std::vector<float> x0 = x;
+    moe_experts(MoeExpertsArgs{gu, dn, mc.as<unsigned>()}, nullptr);
+    KCUDA(cudaMemcpy(dx->p, x0.data(), x0.size() * 4, cudaMemcpyHostToDevice));
+    KCUDA(cudaMemset(dact->p, 0xff, size_t(c.topk * I) * 4));  // poison: the second launch recomputes it
+    moe_experts(MoeExpertsArgs{gu, dn, mc.as<unsigned>()}, nullptr);
+    EXPECT_EQ(to_host<unsigned>(mc, 2), (std::vector<unsigned>{0u, 0u})) << "moe_experts counters not reset";
+  } else {
+    moe_gate_up(gu, nullptr);
+    moe_down(dn, nullptr);
+  }
+  const std::string wh = fmt::format("moe E={} k={} {} router {}{}", c.E, c.topk, wformat_name(c.f),
+                                     wformat_name(c.fr), c.fused ? " fused" : "");
   std::vector<float> got = to_host<float>(*dx, size_t(H));
   std::vector<float> dgot(static_cast<size_t>(H)), dwant(static_cast<size_t>(H));
   for (int64_t i = 0; i < H; ++i) {
@@ -520,11 +533,60 @@ void run_moe(const MoeCase& c, uint32_t seed) {
 
 TEST(CudaMoe, DecodeMatchesCpu) {
   REQUIRE_GPU();
-  uint32_t seed = 500;
-  run_moe({256, 8, WFormat::Q4, WFormat::Q8}, seed++);
-  run_moe({256, 8, WFormat::BF16, WFormat::BF16}, seed++);
-  run_moe({16, 4, WFormat::Q8, WFormat::BF16}, seed++);
-  run_moe({8, 2, WFormat::Q4, WFormat::Q4}, seed++);
+  for (bool fused : {false, true}) {
+    uint32_t seed = 500;
+    run_moe({256, 8, WFormat::Q4, WFormat::Q8, fused}, seed++);
+    run_moe({256, 8, WFormat::BF16, WFormat::BF16, fused}, seed++);
+    run_moe({16, 4, WFormat::Q8, WFormat::BF16, fused}, seed++);
+    run_moe({8, 2, WFormat::Q4, WFormat::Q4, fused}, seed++);
+    run_moe({256, 16, WFormat::Q4, WFormat::Q8, fused}, seed++);
+  }
+}
+
+TEST(CudaMoe, FusedLaunchRejectsMismatchedParts) {
+  REQUIRE_GPU();
+  std::mt19937 g(9);
+  const int64_t H = 2048, I = 512, E = 8;
+  auto gate = make_mat(WFormat::Q4, E * I, H, g), down = make_mat(WFormat::Q4, E * H, I, g),
+       down8 = make_mat(WFormat::Q8, E * H, I, g), sdm = make_mat(WFormat::Q4, H, I, g);
+  auto dG = to_dev(gate->m), dD = to_dev(down->m), dD8 = to_dev(down8->m), dSD = to_dev(sdm->m);
+  auto dh = poisoned(size_t(H)), dact = poisoned(size_t(8 * I)), dsg = poisoned(size_t(I)),
+       dsu = poisoned(size_t(I)), dse = poisoned(1), dx = poisoned(size_t(H));
+  DevBuf ti(64), tw(64), mc(8);
+  MoeExpertsArgs a;
+  a.gu.E = E;
+  a.gu.topk = 8;
+  a.gu.h = dh->as<float>();
+  a.gu.hidden = H;
+  a.gu.I = I;
+  a.gu.gate = a.gu.up = dG->d;
+  a.gu.topk_idx = ti.as<int>();
+  a.gu.act = dact->as<float>();
+  a.dn.topk = 8;
+  a.dn.hidden = H;
+  a.dn.I = a.dn.Is = I;
+  a.dn.topk_idx = ti.as<int>();
+  a.dn.topk_w = tw.as<float>();
+  a.dn.act = dact->as<float>();
+  a.dn.sg = dsg->as<float>();
+  a.dn.su = dsu->as<float>();
+  a.dn.sgate = dse->as<float>();
+  a.dn.down = dD->d;
+  a.dn.shared_down = dSD->d;
+  a.dn.x = dx->as<float>();
+  MoeExpertsArgs b = a;
+  EXPECT_THROW(moe_experts(b, nullptr), Error) << "null counters";
+  b.counters = mc.as<unsigned>();
+  b.dn.act = dsg->as<float>();
+  EXPECT_THROW(moe_experts(b, nullptr), Error) << "act differs between the parts";
+  b = a;
+  b.counters = mc.as<unsigned>();
+  b.dn.topk = 4;
+  EXPECT_THROW(moe_experts(b, nullptr), Error) << "top-k differs";
+  b = a;
+  b.counters = mc.as<unsigned>();
+  b.dn.down = dD8->d;
+  EXPECT_THROW(moe_experts(b, nullptr), Error) << "down format differs from gate/up (and from shared_down)";
 }
 
 // The router GEMV's route tail on exact ties: router rows repeat with period 37, so equal logits

@@ -73,6 +73,39 @@ for part in ${PARTS:-decode prefill}; do
     echo "ncu decode: rc=$? in $(( $(date +%s) - T0 )) s"
     ncu --import /tmp/ncu_decode.ncu-rep --csv --page raw > "$P/decode_${W}_ctx${CTX:-0}.csv" 2>> "$P/decode_ncu.err"
     summarise "$P/decode_${W}_ctx${CTX:-0}.csv" "$P/summary_decode_${W}_ctx${CTX:-0}.txt"
+    if [ "${STALLS:-0}" = 1 ]; then
+      # Where each kernel's warps wait (WarpStateStats: cycles per issued instruction by reason;
+      # "no_instruction" = instruction fetch), one step's kernels.
+      T1=$(date +%s)
+      timeout 200 ncu --clock-control none --cache-control none --graph-profiling node \
+        --launch-skip 3000 --launch-count 252 --section WarpStateStats \
+        --export /tmp/ncu_stalls --force-overwrite \
+        $K bench --synthetic $W --contexts ${CTX:-0} --pdl off --steps 64 --warmup 32 --out /tmp/benchres \
+        > "$P/stalls_bench.log" 2> "$P/stalls_ncu.err"
+      echo "ncu stalls: rc=$? in $(( $(date +%s) - T1 )) s"
+      ncu --import /tmp/ncu_stalls.ncu-rep --csv --page raw > "$P/stalls_decode.csv" 2>> "$P/stalls_ncu.err"
+      python3 - "$P/stalls_decode.csv" > "$P/stalls_decode.txt" <<'PY'
+import csv, sys, collections
+rows = list(csv.reader(open(sys.argv[1])))
+if len(rows) < 3: print("no rows"); sys.exit()
+h = rows[0]; data = rows[2:]
+ni = h.index("Kernel Name")
+cols = [i for i, c in enumerate(h) if "issue_stalled" in c and c.endswith("_per_warp_active.pct")]
+if not cols: cols = [i for i, c in enumerate(h) if "issue_stalled" in c and "per_issue_active" in c]
+agg = collections.OrderedDict()
+for r in data:
+    k = r[ni].split("(")[0].replace("(anonymous namespace)::", "").replace("kestrel::cuda::", "").replace("void ", "")[-48:]
+    a = agg.setdefault(k, [0] + [0.0] * len(cols))
+    a[0] += 1
+    for j, i in enumerate(cols):
+        try: a[j + 1] += float(r[i].replace(",", ""))
+        except ValueError: pass
+short = [h[i].replace("smsp__average_warps_issue_stalled_", "").replace("smsp__warps_issue_stalled_", "")[:22] for i in cols]
+for k, a in agg.items():
+    v = sorted(((a[j + 1] / a[0], short[j]) for j in range(len(cols))), reverse=True)[:6]
+    print(f"{k:<48} n={a[0]:<3} " + "  ".join(f"{n}={x:.2f}" for x, n in v))
+PY
+    fi
   else
     # Only the prompt path's kernels (names of prefill*.cu); the warm-up prompt is the one profiled.
     timeout 300 ncu --clock-control none --cache-control none \
