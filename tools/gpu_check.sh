@@ -123,7 +123,7 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
   if [ "$SANITIZE" = 1 ]; then
     T0=$(date +%s)
     timeout 110 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
-      "$BIN/test_cuda" --gtest_filter='CudaGemv.FusedSegments*:CudaGemv.RejectsBadShapes:CudaGdn.Decode*:CudaBackend.MatchesCpuBackendQ4:PrefillOps.*' \
+      "$BIN/test_cuda" --gtest_filter='CudaGemv.FusedSegments*:CudaGemv.RejectsBadShapes:CudaGdn.Decode*:CudaBackend.MatchesCpuBackendQ4:CudaBackend.MatchesCpuBackendQ4MoeFused:PrefillOps.*' \
       > "$W/sanitizer.log" 2>&1
     note "compute-sanitizer memcheck: rc=$? in $(( $(date +%s) - T0 )) s"
     grep -E "ERROR SUMMARY|========= (Invalid|Error)" "$W/sanitizer.log" | head -10 | tee -a "$SUMMARY"

@@ -51,7 +51,7 @@ struct BenchOpts {
   std::string out_dir = "bench/results";
   uint64_t seed = 1;
   std::string pdl = "both";  // programmatic dependent launch: on | off | both
-  std::string moe = "fused";  // MoE experts route: fused | split | both
+  std::string moe = "split";  // MoE experts route: split | fused | both
   std::string gemv = "1";    // GEMV route for M = 1: 1 | 2 | both
   std::string prefill;       // prompt lengths: run the prefill benchmark instead of decode
   int prefill_runs = 3;      // timed runs per prompt of <= 8192 tokens (one for longer)

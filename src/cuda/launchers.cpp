@@ -200,7 +200,7 @@ void check_down(const MoeDownArgs& a) {
 int& moe_fused_flag() {
   static int f = [] {
     const char* e = std::getenv("KESTREL_MOE_FUSED");
-    return (e && std::string(e) == "0") ? 0 : 1;
+    return (e && std::string(e) == "1") ? 1 : 0;
   }();
   return f;
 }

@@ -205,13 +205,13 @@ TEST(CudaBackend, MatchesCpuBackendQ4) {
   run_e2e(WFormat::Q4, WFormat::Q8, 2);
 }
 
-// The other tests run the default MoE route (moe_experts, one launch); this one the two launches.
-TEST(CudaBackend, MatchesCpuBackendQ4MoeSplit) {
+// The other tests run the default MoE route (two launches); this one moe_experts (one launch).
+TEST(CudaBackend, MatchesCpuBackendQ4MoeFused) {
   REQUIRE_GPU();
-  ASSERT_TRUE(moe_fused_enabled()) << "the fused MoE launch is the default";
-  set_moe_fused_enabled(false);  // read when the sequences' graphs are captured
+  ASSERT_FALSE(moe_fused_enabled()) << "the two-launch MoE route is the default";
+  set_moe_fused_enabled(true);  // read when the sequences' graphs are captured
   run_e2e(WFormat::Q4, WFormat::Q8, 2);
-  set_moe_fused_enabled(true);
+  set_moe_fused_enabled(false);
 }
 
 TEST(CudaBackend, MatchesCpuBackendQ4GemvV2) {
