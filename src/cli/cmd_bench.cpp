@@ -50,7 +50,7 @@ struct BenchOpts {
   int layers = 0;  // synthetic: 0 = all 40
   std::string out_dir = "bench/results";
   uint64_t seed = 1;
-  std::string pdl = "both";  // programmatic dependent launch: on | off | both
+  std::string pdl = "off";  // programmatic dependent launch: off (the default route) | on | both
   std::string moe = "split";  // MoE experts route: split | fused | both
   std::string gemv = "1";    // GEMV route for M = 1: 1 | 2 | both
   std::string prefill;       // prompt lengths: run the prefill benchmark instead of decode

@@ -18,8 +18,9 @@ void cuda_check(cudaError_t e, const char* what, const char* file, int line);
 
 int num_sms();  // multiprocessors of the current device (cached)
 
-// Programmatic dependent launch between consecutive kernels (default on; KESTREL_PDL=0 turns it
-// off). Read when kernels are launched or captured.
+// Programmatic dependent launch between consecutive kernels (default off: measured 3-10 % slower
+// on every decode configuration, bench/NOTES.md v1-v2; KESTREL_PDL=1 turns it on). Read when
+// kernels are launched or captured.
 bool pdl_enabled();
 void set_pdl_enabled(bool on);
 

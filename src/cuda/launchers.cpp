@@ -23,7 +23,7 @@ namespace {
 int& pdl_flag() {
   static int f = [] {
     const char* e = std::getenv("KESTREL_PDL");
-    return (e && std::string(e) == "0") ? 0 : 1;
+    return (e && std::string(e) == "1") ? 1 : 0;
   }();
   return f;
 }

@@ -205,6 +205,15 @@ TEST(CudaBackend, MatchesCpuBackendQ4) {
   run_e2e(WFormat::Q4, WFormat::Q8, 2);
 }
 
+// The other tests run without programmatic dependent launch (the default); this one with it.
+TEST(CudaBackend, MatchesCpuBackendQ4Pdl) {
+  REQUIRE_GPU();
+  ASSERT_FALSE(pdl_enabled()) << "PDL is off by default";
+  set_pdl_enabled(true);  // read when the sequences' graphs are captured
+  run_e2e(WFormat::Q4, WFormat::Q8, 2);
+  set_pdl_enabled(false);
+}
+
 // The other tests run the default MoE route (two launches); this one moe_experts (one launch).
 TEST(CudaBackend, MatchesCpuBackendQ4MoeFused) {
   REQUIRE_GPU();
