@@ -6,7 +6,8 @@
 #   2. every GPU test (gtest JSON + log);
 #   3. compute-sanitizer memcheck on the test binary (the full-size cases filtered out: memcheck
 #      runs them ~100x slower);
-#   4. the decode benchmarks (kestrel bench, JSON records);
+#   4. the decode benchmarks (kestrel bench, JSON records) and the dependency-primitive
+#      micro-benchmark (tools/device/sync_probe.cu);
 #   5. the prompt benchmarks (tools/device/prefill_bench.sh, both GEMM routes);
 #   6. per-kernel profiles of a decode step and a 4K prompt (tools/device/profile.sh, Nsight
 #      Compute; summaries by kernel in profile/summary_*.txt);
@@ -141,6 +142,15 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
     timeout 80 "$BIN/kestrel" bench --synthetic bf16 --contexts 0,4096 --steps 128 --gemv 2 --pdl off \
       --moe both --out "$W/results" > "$W/bench_bf16.log" 2>&1
     note "bench bf16: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_bf16.log" | tee -a "$SUMMARY"
+    # The dependency-primitive micro-benchmark (kernel boundary vs in-kernel publish/wait).
+    T0=$(date +%s)
+    if nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/device/sync_probe.cu \
+         -o build-gpu/sync_probe > "$W/sync_probe_build.log" 2>&1; then
+      timeout 60 build-gpu/sync_probe > "$W/results/sync_probe.json" 2> "$W/sync_probe.err"
+      note "sync probe: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/results/sync_probe.json" | tee -a "$SUMMARY"
+    else
+      note "sync probe: build FAILED"; tail -5 "$W/sync_probe_build.log" | tee -a "$SUMMARY"
+    fi
     pack
   fi
 fi
