@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 
 namespace kestrel::cuda {
@@ -20,18 +21,24 @@ void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
 }
 
 namespace {
+// A route switch: environment variable `name` when it spells one of `allowed`, else `dflt`.
+int env_choice(const char* name, std::initializer_list<int> allowed, int dflt) {
+  const char* e = std::getenv(name);
+  if (e == nullptr) return dflt;
+  for (int v : allowed)
+    if (std::to_string(v) == e) return v;
+  return dflt;
+}
 int& pdl_flag() {
-  static int f = [] {
-    const char* e = std::getenv("KESTREL_PDL");
-    return (e && std::string(e) == "1") ? 1 : 0;
-  }();
+  static int f = env_choice("KESTREL_PDL", {0, 1}, 0);
   return f;
 }
 int& gemv_flag() {
-  static int f = [] {
-    const char* e = std::getenv("KESTREL_GEMV");
-    return (e && std::string(e) == "2") ? 2 : 1;
-  }();
+  static int f = env_choice("KESTREL_GEMV", {1, 2}, 1);
+  return f;
+}
+int& moe_fused_flag() {
+  static int f = env_choice("KESTREL_MOE_FUSED", {0, 1}, 0);
   return f;
 }
 }  // namespace
@@ -196,13 +203,6 @@ void check_down(const MoeDownArgs& a) {
                 "moe_down: activations not 16-byte aligned");
   KESTREL_CHECK(a.down.fmt == DFmt::Q4 || a.down.fmt == DFmt::Q8 || a.down.fmt == DFmt::BF16,
                 "moe_down: format {}", dfmt_name(a.down.fmt));
-}
-int& moe_fused_flag() {
-  static int f = [] {
-    const char* e = std::getenv("KESTREL_MOE_FUSED");
-    return (e && std::string(e) == "1") ? 1 : 0;
-  }();
-  return f;
 }
 }  // namespace
 

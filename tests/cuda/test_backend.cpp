@@ -205,22 +205,23 @@ TEST(CudaBackend, MatchesCpuBackendQ4) {
   run_e2e(WFormat::Q4, WFormat::Q8, 2);
 }
 
-// The other tests run without programmatic dependent launch (the default); this one with it.
-TEST(CudaBackend, MatchesCpuBackendQ4Pdl) {
-  REQUIRE_GPU();
-  ASSERT_FALSE(pdl_enabled()) << "PDL is off by default";
-  set_pdl_enabled(true);  // read when the sequences' graphs are captured
+// A boolean route (read when the sequences' graphs are captured) switched on for one q4 run:
+// the other tests run with it off, its default.
+void run_e2e_with(bool (*enabled)(), void (*set)(bool), const char* what) {
+  ASSERT_FALSE(enabled()) << what << " is off by default";
+  set(true);
   run_e2e(WFormat::Q4, WFormat::Q8, 2);
-  set_pdl_enabled(false);
+  set(false);
 }
 
-// The other tests run the default MoE route (two launches); this one moe_experts (one launch).
-TEST(CudaBackend, MatchesCpuBackendQ4MoeFused) {
+TEST(CudaBackend, MatchesCpuBackendQ4Pdl) {
   REQUIRE_GPU();
-  ASSERT_FALSE(moe_fused_enabled()) << "the two-launch MoE route is the default";
-  set_moe_fused_enabled(true);  // read when the sequences' graphs are captured
-  run_e2e(WFormat::Q4, WFormat::Q8, 2);
-  set_moe_fused_enabled(false);
+  run_e2e_with(pdl_enabled, set_pdl_enabled, "programmatic dependent launch");
+}
+
+TEST(CudaBackend, MatchesCpuBackendQ4MoeFused) {  // moe_experts: gate/up and down in one launch
+  REQUIRE_GPU();
+  run_e2e_with(moe_fused_enabled, set_moe_fused_enabled, "the fused MoE launch");
 }
 
 TEST(CudaBackend, MatchesCpuBackendQ4GemvV2) {
