@@ -6,8 +6,8 @@
 #   2. every GPU test (gtest JSON + log);
 #   3. compute-sanitizer memcheck on the test binary (the full-size cases filtered out: memcheck
 #      runs them ~100x slower);
-#   4. the decode benchmarks (kestrel bench, JSON records) and the dependency-primitive
-#      micro-benchmark (tools/device/sync_probe.cu);
+#   4. the decode benchmarks (kestrel bench, JSON records) and the micro-benchmarks of the
+#      dependency primitive (tools/device/sync_probe.cu) and of q4 GEMV layouts (gemv_probe.cu);
 #   5. the prompt benchmarks (tools/device/prefill_bench.sh, both GEMM routes);
 #   6. per-kernel profiles of a decode step and a 4K prompt (tools/device/profile.sh, Nsight
 #      Compute; summaries by kernel in profile/summary_*.txt);
@@ -150,6 +150,15 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
       note "sync probe: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/results/sync_probe.json" | tee -a "$SUMMARY"
     else
       note "sync probe: build FAILED"; tail -5 "$W/sync_probe_build.log" | tee -a "$SUMMARY"
+    fi
+    # What a q4 decode GEMV reaches at the real shapes in several launch layouts.
+    T0=$(date +%s)
+    if nvcc -O3 -std=c++20 -Isrc -gencode=arch=compute_90a,code=sm_90a tools/device/gemv_probe.cu \
+         -o build-gpu/gemv_probe > "$W/gemv_probe_build.log" 2>&1; then
+      timeout 120 build-gpu/gemv_probe > "$W/results/gemv_probe.json" 2> "$W/gemv_probe.err"
+      note "gemv probe: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/results/gemv_probe.json" | tee -a "$SUMMARY"
+    else
+      note "gemv probe: build FAILED"; tail -5 "$W/gemv_probe_build.log" | tee -a "$SUMMARY"
     fi
     pack
   fi

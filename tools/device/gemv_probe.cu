@@ -1,0 +1,320 @@
+// What a decode GEMV can reach at the model's real shapes on this GPU: one q4 GEMV y = W x
+// (RmsNorm of x folded in, as the decode step's input projections), timed in several launch
+// shapes that differ only in how the work is laid out, with the project's own dot-product core
+// (src/cuda/gemv_core.cuh). Variants:
+//   v1      one weight row per warp, x staged (norm) before the first weight load (the decode route)
+//   lf      the same with each warp's first rows' loads issued before the staging
+//   lfR2/R4 2 / 4 rows per warp in flight (loads first)
+//   h16R2   half-warp rows (16 lanes per row), 2 per half-warp in flight
+//   b128    128-thread blocks, loads first; b512R2: 512-thread blocks, 2 rows per warp
+//   nonorm  v1 without the norm's block reduction
+//   stream  R4 with no staging at all (x = 1 in shared memory): the weight-streaming ceiling
+// The weights rotate over enough copies to exceed L2, so every launch reads from DRAM as the
+// decode step does. Each figure: a graph of kNodes launches replayed kReps times, median / kNodes.
+// Every variant's output is compared with v1's. Build and run (tools/gpu_check.sh stage 4 does):
+//   nvcc -O3 -std=c++20 -Isrc -gencode=arch=compute_90a,code=sm_90a tools/device/gemv_probe.cu -o gemv_probe
+#include "cuda/gemv_core.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+using namespace kestrel::cuda;
+
+#define CK(x)                                                                                       \
+  do {                                                                                              \
+    cudaError_t e_ = (x);                                                                           \
+    if (e_ != cudaSuccess) {                                                                        \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));       \
+      std::exit(1);                                                                                 \
+    }                                                                                               \
+  } while (0)
+
+namespace {
+
+constexpr int kNodes = 60;
+constexpr int kReps = 11;
+constexpr float kEps = 1e-6f;
+
+// Stages x (RmsNorm with nw when kNorm; x = 1 when kStream) into the swizzled shared layout.
+template <int K, bool kNorm, bool kStream>
+__device__ __forceinline__ void stage(const float* x, const float* nw, float* xs, float* xsum, float* red) {
+  constexpr int F4 = K / 4;
+  const int nt = blockDim.x;
+  if constexpr (kStream) {
+    for (int sl = threadIdx.x; sl < F4; sl += nt) smem_store4(xs, xsum, K, 0, sl, make_float4(1.f, 1.f, 1.f, 1.f));
+  } else {
+    constexpr int kMaxNV = F4 / 128;  // blockDim >= 128
+    float4 v[kMaxNV];
+    const int nv = F4 / nt;
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < kMaxNV; ++i)
+      if (i < nv) {
+        v[i] = reinterpret_cast<const float4*>(x)[threadIdx.x + i * nt];
+        ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
+      }
+    float inv = 1.f;
+    if constexpr (kNorm) inv = 1.f / sqrtf(block_sum(ss, red) / float(K) + kEps);
+#pragma unroll
+    for (int i = 0; i < kMaxNV; ++i)
+      if (i < nv) {
+        const int sl = threadIdx.x + i * nt;
+        float4 t = v[i];
+        if constexpr (kNorm) {
+          const float4 w = reinterpret_cast<const float4*>(nw)[sl];
+          t = make_float4(t.x * inv * w.x, t.y * inv * w.y, t.z * inv * w.z, t.w * inv * w.w);
+        }
+        smem_store4(xs, xsum, K, 0, sl, t);
+      }
+  }
+  __syncthreads();
+}
+
+// Groups of TPR lanes own rows gid + (it * R + j) * stride; R rows' loads in flight per group.
+template <int K, int TPR, int R, bool kLoadsFirst, bool kNorm, bool kStream>
+__global__ void probe_kernel(const __grid_constant__ DMat w, const float* x, const float* nw, float* y) {
+  __shared__ float4 xs4[K / 4];
+  __shared__ float xsum[K / 16];
+  __shared__ float red[32];
+  float* xs = reinterpret_cast<float*>(xs4);
+  const int groups = blockDim.x / TPR;
+  const int64_t gid = int64_t(blockIdx.x) * groups + threadIdx.x / TPR;
+  const int li = threadIdx.x % TPR;
+  const int64_t stride = int64_t(gridDim.x) * groups;
+  const int64_t rows = w.rows;
+  auto rows_of = [&](int64_t it, const DMat* (&wp)[R], int64_t (&r)[R]) {
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      r[j] = gid + (it * R + j) * stride;
+      wp[j] = r[j] < rows ? &w : nullptr;
+      if (r[j] >= rows) r[j] = 0;
+    }
+  };
+  const SmemX X{xs, xsum, K};
+  SmemX Xs[R];
+#pragma unroll
+  for (int j = 0; j < R; ++j) Xs[j] = X;
+  auto finish = [&](const RowLoads<DFmt::Q4, K, TPR, R>& L, int64_t it) {
+    float out[R];
+    L.dot(Xs, li, out);
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      const float v = group_sum<TPR>(out[j]);
+      const int64_t r = gid + (it * R + j) * stride;
+      if (li == 0 && r < rows) y[r] = v;
+    }
+  };
+  const int64_t iters = (rows + stride * R - 1) / (stride * R);
+  if constexpr (kLoadsFirst) {
+    const DMat* wp[R];
+    int64_t r[R];
+    rows_of(0, wp, r);
+    RowLoads<DFmt::Q4, K, TPR, R> L;
+    L.issue(wp, r, li);
+    stage<K, kNorm, kStream>(x, nw, xs, xsum, red);
+    if (iters > 0) finish(L, 0);
+    for (int64_t it = 1; it < iters; ++it) {
+      rows_of(it, wp, r);
+      RowLoads<DFmt::Q4, K, TPR, R> L2;
+      L2.issue(wp, r, li);
+      finish(L2, it);
+    }
+  } else {
+    stage<K, kNorm, kStream>(x, nw, xs, xsum, red);
+    for (int64_t it = 0; it < iters; ++it) {
+      const DMat* wp[R];
+      int64_t r[R];
+      rows_of(it, wp, r);
+      RowLoads<DFmt::Q4, K, TPR, R> L;
+      L.issue(wp, r, li);
+      finish(L, it);
+    }
+  }
+}
+
+__global__ void fill_kernel(uint32_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t z = uint32_t(i) * 2654435761u ^ seed;
+    z ^= z >> 15; z *= 2246822519u; z ^= z >> 13;
+    p[i] = z;
+  }
+}
+// bf16 scales in [0.001, 0.003), biases in [-0.01, 0.01): finite, small dots.
+__global__ void fill_sb_kernel(uint16_t* s, uint16_t* b, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float u = float((i * 7919u) % 1000u) / 1000.f;
+    const float sv = 0.001f + 0.002f * u, bv = -0.01f + 0.02f * u;
+    s[i] = uint16_t(__float_as_uint(sv) >> 16);
+    b[i] = uint16_t(__float_as_uint(bv) >> 16);
+  }
+}
+
+struct Shape {
+  const char* name;
+  int64_t N;
+  int K;
+};
+
+struct Copies {
+  std::vector<DMat> w;
+};
+
+Copies make_copies(int64_t N, int K, size_t min_total) {
+  const size_t data = size_t(N) * K / 2, groups = size_t(N) * (K / 64);
+  const size_t one = data + 4 * groups;
+  const int n = int(std::max<size_t>(4, (min_total + one - 1) / one));
+  Copies c;
+  for (int i = 0; i < n; ++i) {
+    DMat m;
+    m.fmt = DFmt::Q4;
+    m.rows = N;
+    m.cols = K;
+    m.group = 64;
+    void* d;
+    uint16_t *s, *b;
+    CK(cudaMalloc(&d, data));
+    CK(cudaMalloc(&s, groups * 2));
+    CK(cudaMalloc(&b, groups * 2));
+    fill_kernel<<<1024, 256>>>(static_cast<uint32_t*>(d), data / 4, 0x9e37u + i);
+    fill_sb_kernel<<<1024, 256>>>(s, b, groups);
+    m.data = d;
+    m.scales = s;
+    m.biases = b;
+    c.w.push_back(m);
+  }
+  CK(cudaDeviceSynchronize());
+  return c;
+}
+
+template <class F>
+double time_graph(cudaStream_t s, F&& record) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < kNodes; ++i) record(i);
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int r = 0; r < kReps + 2; ++r) {
+    CK(cudaEventRecord(a, s));
+    CK(cudaGraphLaunch(ge, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    if (r >= 2) t.push_back(double(ms) * 1e3 / kNodes);
+  }
+  std::sort(t.begin(), t.end());
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  return t[t.size() / 2];
+}
+
+struct Variant {
+  const char* name;
+  void (*kernel)(const DMat, const float*, const float*, float*);
+  int threads;
+  int rows_per_block;  // rows one block covers per iteration (grid = ceil(N / this), capped)
+  bool cap;            // grid capped at 4 blocks per SM (as the decode route)
+};
+
+template <int K>
+std::vector<Variant> variants() {
+  return {
+      {"v1", probe_kernel<K, 32, 1, false, true, false>, 256, 8, true},
+      {"lf", probe_kernel<K, 32, 1, true, true, false>, 256, 8, true},
+      {"lf_uncapped", probe_kernel<K, 32, 1, true, true, false>, 256, 8, false},
+      {"lfR2", probe_kernel<K, 32, 2, true, true, false>, 256, 16, false},
+      {"lfR4", probe_kernel<K, 32, 4, true, true, false>, 256, 32, false},
+      {"h16R2", probe_kernel<K, 16, 2, true, true, false>, 256, 32, false},
+      {"b128", probe_kernel<K, 32, 1, true, true, false>, 128, 4, false},
+      {"b512R2", probe_kernel<K, 32, 2, true, true, false>, 512, 32, false},
+      {"nonorm", probe_kernel<K, 32, 1, false, false, false>, 256, 8, true},
+      {"stream", probe_kernel<K, 32, 4, true, false, true>, 256, 32, false},
+  };
+}
+
+}  // namespace
+
+int main() {
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  const int sms = prop.multiProcessorCount;
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  const Shape shapes[] = {{"gdn_in_proj", 12352, 2048}, {"router_shared", 1281, 2048}, {"out_proj", 2048, 4096},
+                          {"lm_head", 248320, 2048}};
+  std::printf("{\n  \"gpu\": \"%s\", \"sms\": %d, \"nodes\": %d, \"reps\": %d, \"format\": \"q4\",\n  \"shapes\": {",
+              prop.name, sms, kNodes, kReps);
+  bool first_shape = true;
+  for (const Shape& sh : shapes) {
+    const size_t bytes = size_t(sh.N) * sh.K / 2 + 4 * size_t(sh.N) * (sh.K / 64);
+    Copies c = make_copies(sh.N, sh.K, size_t(300) << 20);
+    std::vector<float> hx(size_t(sh.K)), hn(size_t(sh.K));
+    for (int k = 0; k < sh.K; ++k) {
+      hx[size_t(k)] = std::sin(0.37f * k) * 2.f;
+      hn[size_t(k)] = 0.9f + 0.2f * std::cos(0.11f * k);
+    }
+    float *x, *nw, *y, *yref;
+    CK(cudaMalloc(&x, sh.K * 4));
+    CK(cudaMalloc(&nw, sh.K * 4));
+    CK(cudaMalloc(&y, sh.N * 4));
+    CK(cudaMalloc(&yref, sh.N * 4));
+    CK(cudaMemcpy(x, hx.data(), sh.K * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(nw, hn.data(), sh.K * 4, cudaMemcpyHostToDevice));
+    std::printf("%s\n    \"%s\": {\"N\": %lld, \"K\": %d, \"bytes\": %zu, \"copies\": %zu, \"variants\": {", first_shape ? "" : ",",
+                sh.name, (long long)sh.N, sh.K, bytes, c.w.size());
+    first_shape = false;
+    const auto vs = sh.K == 2048 ? variants<2048>() : variants<4096>();
+    std::vector<float> ref;
+    bool first = true;
+    for (const Variant& v : vs) {
+      int64_t grid = (sh.N + v.rows_per_block - 1) / v.rows_per_block;
+      if (v.cap) grid = std::min<int64_t>(grid, int64_t(sms) * 4);
+      grid = std::min<int64_t>(grid, 1 << 20);
+      auto launch = [&](const DMat& w, float* out) {
+        v.kernel<<<unsigned(grid), v.threads, 0, s>>>(w, x, nw, out);
+      };
+      // Correctness: against v1 (the first variant) on copy 0.
+      launch(c.w[0], y);
+      CK(cudaStreamSynchronize(s));
+      CK(cudaGetLastError());
+      std::vector<float> hy(size_t(sh.N));
+      CK(cudaMemcpy(hy.data(), y, sh.N * 4, cudaMemcpyDeviceToHost));
+      double err = 0, mx = 0;
+      if (ref.empty()) ref = hy;
+      for (size_t i = 0; i < hy.size(); ++i) {
+        err = std::max(err, double(std::fabs(hy[i] - ref[i])));
+        mx = std::max(mx, double(std::fabs(ref[i])));
+      }
+      const bool stream = std::string(v.name) == "stream";  // x = 1: a different product
+      const double us = time_graph(s, [&](int i) { launch(c.w[size_t(i) % c.w.size()], y); });
+      std::printf("%s\n      \"%s\": {\"us\": %.3f, \"gb_per_s\": %.1f, \"grid\": %lld, \"threads\": %d, \"max_rel_diff_vs_v1\": %s}",
+                  first ? "" : ",", v.name, us, double(bytes) / us * 1e-3, (long long)grid, v.threads,
+                  stream ? "null" : std::to_string(mx > 0 ? err / mx : err).c_str());
+      first = false;
+      std::fflush(stdout);
+    }
+    std::printf("\n    }}");
+    for (auto& w : c.w) {
+      CK(cudaFree(const_cast<void*>(w.data)));
+      CK(cudaFree(const_cast<uint16_t*>(w.scales)));
+      CK(cudaFree(const_cast<uint16_t*>(w.biases)));
+    }
+    CK(cudaFree(x));
+    CK(cudaFree(nw));
+    CK(cudaFree(y));
+    CK(cudaFree(yref));
+  }
+  std::printf("\n  }\n}\n");
+  return 0;
+}
