@@ -13,7 +13,36 @@
 // decode step does. Each figure: a graph of kNodes launches replayed kReps times, median / kNodes.
 // Every variant's output is compared with v1's. Build and run (tools/gpu_check.sh stage 4 does):
 //   nvcc -O3 -std=c++20 -Isrc -gencode=arch=compute_90a,code=sm_90a tools/device/gemv_probe.cu -o gemv_probe
-#include "cuda/gemv_core.cuh"
+// Then the decode route's own GEMV (src/cuda/gemv.cu, compiled into this file) on the same shapes
+// with its real segments, prologues, epilogues and the MoE routing tail, so that the cost of each
+// of those over the bare layout is measured ("production").
+#include "cuda/gemv.cu"
+
+// The host helpers gemv.cu needs from launchers.cpp (which needs the core library).
+namespace kestrel::cuda {
+void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "CUDA error %s in %s at %s:%d\n", cudaGetErrorString(e), what, file, line);
+    std::exit(1);
+  }
+}
+int num_sms() {
+  static int n = [] {
+    int v = 0;
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0);
+    return v;
+  }();
+  return n;
+}
+bool pdl_enabled() { return false; }
+int gemv_version() { return 1; }
+size_t DMat::row_bytes() const {
+  return fmt == DFmt::BF16 ? size_t(cols) * 2 : fmt == DFmt::Q8 ? size_t(cols) : size_t(cols) / 2;
+}
+size_t DMat::nbytes() const {
+  return row_bytes() * size_t(rows) + (fmt == DFmt::BF16 ? 0 : 4 * size_t(rows) * size_t(cols / group));
+}
+}  // namespace kestrel::cuda
 
 #include <algorithm>
 #include <cmath>
@@ -23,6 +52,7 @@
 #include <vector>
 
 using namespace kestrel::cuda;
+// (A named namespace: gemv.cu's anonymous one is in this translation unit too.)
 
 #define CK(x)                                                                                       \
   do {                                                                                              \
@@ -33,7 +63,7 @@ using namespace kestrel::cuda;
     }                                                                                               \
   } while (0)
 
-namespace {
+namespace probe {
 
 constexpr int kNodes = 60;
 constexpr int kReps = 11;
@@ -163,14 +193,14 @@ struct Copies {
   std::vector<DMat> w;
 };
 
-Copies make_copies(int64_t N, int K, size_t min_total) {
-  const size_t data = size_t(N) * K / 2, groups = size_t(N) * (K / 64);
+Copies make_copies(int64_t N, int K, size_t min_total, DFmt fmt = DFmt::Q4) {
+  const size_t data = size_t(N) * K / (fmt == DFmt::Q8 ? 1 : 2), groups = size_t(N) * (K / 64);
   const size_t one = data + 4 * groups;
   const int n = int(std::max<size_t>(4, (min_total + one - 1) / one));
   Copies c;
   for (int i = 0; i < n; ++i) {
     DMat m;
-    m.fmt = DFmt::Q4;
+    m.fmt = fmt;
     m.rows = N;
     m.cols = K;
     m.group = 64;
@@ -243,7 +273,160 @@ std::vector<Variant> variants() {
   };
 }
 
-}  // namespace
+// Rows [r0, r0 + n) of w as a matrix of their own.
+DMat rows_view(const DMat& w, int64_t r0, int64_t n) {
+  DMat v = w;
+  v.rows = n;
+  v.data = static_cast<const char*>(w.data) + size_t(r0) * w.row_bytes();
+  v.scales = w.scales + size_t(r0) * (w.cols / 64);
+  v.biases = w.biases + size_t(r0) * (w.cols / 64);
+  return v;
+}
+
+float* dev_floats(size_t n, float v) {
+  std::vector<float> h(n, v);
+  float* d;
+  CK(cudaMalloc(&d, n * 4));
+  CK(cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice));
+  return d;
+}
+
+void production(cudaStream_t s) {
+  gemv_init();
+  constexpr int H = 2048;
+  float* x = dev_floats(H, 0.5f);
+  float* nw = dev_floats(4096, 1.f);
+  float* y = dev_floats(size_t(248320), 0.f);
+  float* y2 = dev_floats(4096, 0.f);
+  float* xo = dev_floats(H, 0.f);
+  float* cs = dev_floats(size_t(8192) * 3, 0.f);
+  float* cw = dev_floats(size_t(8192) * 4, 0.25f);
+  float* z = dev_floats(4096, 0.3f);
+  float* xr = dev_floats(4096, 0.1f);
+  int* ti;
+  float* tw;
+  unsigned* counter;
+  unsigned long long* am;
+  CK(cudaMalloc(&ti, 64));
+  CK(cudaMalloc(&tw, 64));
+  CK(cudaMalloc(&counter, 4));
+  CK(cudaMemset(counter, 0, 4));
+  CK(cudaMalloc(&am, 8));
+  bool first = true;
+  auto run = [&](const char* name, const std::vector<GemvArgs>& args, size_t bytes) {
+    int64_t total = 0;
+    for (int i = 0; i < args[0].nseg; ++i) total += args[0].seg[i].w.rows;
+    gemv_launch(args[0], total, s);
+    CK(cudaStreamSynchronize(s));
+    CK(cudaGetLastError());
+    const double us = time_graph(s, [&](int i) { gemv_launch(args[size_t(i) % args.size()], total, s); });
+    std::printf("%s\n    \"%s\": {\"us\": %.3f, \"gb_per_s\": %.1f}", first ? "" : ",", name, us,
+                double(bytes) / us * 1e-3);
+    first = false;
+    std::fflush(stdout);
+  };
+  auto normed = [&](GemvArgs& g) {
+    g.M = 1;
+    g.K = H;
+    g.x = x;
+    g.ldx = H;
+    g.pro = Prologue::RmsNorm;
+    g.norm_w = nw;
+    g.eps = kEps;
+  };
+  {  // GDN input projection: qkv (ConvSilu) | z | b | a
+    Copies c = make_copies(12352, H, size_t(300) << 20);
+    std::vector<GemvArgs> v;
+    for (const DMat& w : c.w) {
+      GemvArgs g;
+      normed(g);
+      g.seg[0] = GemvSeg{rows_view(w, 0, 8192), Epilogue::ConvSilu, y, 8192, cs, cw, nullptr};
+      g.seg[1] = GemvSeg{rows_view(w, 8192, 4096), Epilogue::Store, y + 8192, 4096, nullptr, nullptr, nullptr};
+      g.seg[2] = GemvSeg{rows_view(w, 12288, 32), Epilogue::Store, y + 12288, 32, nullptr, nullptr, nullptr};
+      g.seg[3] = GemvSeg{rows_view(w, 12320, 32), Epilogue::Store, y + 12320, 32, nullptr, nullptr, nullptr};
+      g.nseg = 4;
+      v.push_back(g);
+    }
+    run("gdn_in_proj_4seg", v, c.w[0].nbytes());
+    for (auto& g : v) {
+      g.seg[0] = GemvSeg{rows_view(g.seg[0].w, 0, 8192), Epilogue::Store, y, 8192, nullptr, nullptr, nullptr};
+    }
+    run("gdn_in_proj_4seg_no_conv", v, c.w[0].nbytes());
+    for (auto& g : v) {
+      DMat all = g.seg[0].w;
+      all.rows = 12352;
+      g.seg[0] = GemvSeg{all, Epilogue::Store, y, 12352, nullptr, nullptr, nullptr};
+      g.nseg = 1;
+    }
+    run("gdn_in_proj_1seg", v, c.w[0].nbytes());
+  }
+  for (DFmt rf : {DFmt::Q4, DFmt::Q8}) {  // router (E = 256) | shared gate logit | shared gate | up
+    Copies r = make_copies(257, H, size_t(200) << 20, rf);
+    Copies sh = make_copies(1024, H, size_t(200) << 20);
+    const size_t bytes = r.w[0].nbytes() + sh.w[0].nbytes();
+    for (int route = 1; route >= 0; --route)
+      for (int xout = 1; xout >= 0; --xout) {
+        std::vector<GemvArgs> v;
+        for (size_t i = 0; i < std::max(r.w.size(), sh.w.size()); ++i) {
+          const DMat& rw = r.w[i % r.w.size()];
+          const DMat& sw = sh.w[i % sh.w.size()];
+          GemvArgs g;
+          normed(g);
+          if (xout) g.x_out = xo;
+          g.seg[0] = GemvSeg{rows_view(rw, 0, 256), Epilogue::Store, y, 256, nullptr, nullptr, nullptr};
+          g.seg[1] = GemvSeg{rows_view(rw, 256, 1), Epilogue::Store, y + 256, 1, nullptr, nullptr, nullptr};
+          g.seg[2] = GemvSeg{rows_view(sw, 0, 512), Epilogue::Store, y + 512, 512, nullptr, nullptr, nullptr};
+          g.seg[3] = GemvSeg{rows_view(sw, 512, 512), Epilogue::Store, y + 1024, 512, nullptr, nullptr, nullptr};
+          g.nseg = 4;
+          if (route) g.route = RouteTail{y, 256, 8, ti, tw, counter};
+          v.push_back(g);
+        }
+        const std::string name = std::string("router_") + (rf == DFmt::Q8 ? "q8" : "q4") + (route ? "_route" : "_noroute") +
+                                 (xout ? "_xout" : "");
+        run(name.c_str(), v, bytes);
+      }
+  }
+  {  // out projection: K = 4096, gated RMSNorm prologue, residual epilogue
+    Copies c = make_copies(2048, 4096, size_t(300) << 20);
+    std::vector<GemvArgs> v;
+    for (const DMat& w : c.w) {
+      GemvArgs g;
+      g.M = 1;
+      g.K = 4096;
+      g.x = xr;
+      g.ldx = 4096;
+      g.pro = Prologue::GatedRmsNorm;
+      g.norm_w = nw;
+      g.z = z;
+      g.ldz = 4096;
+      g.norm_group = 128;
+      g.eps = kEps;
+      g.seg[0] = GemvSeg{w, Epilogue::Residual, y2, 2048, nullptr, nullptr, nullptr};
+      g.nseg = 1;
+      v.push_back(g);
+    }
+    run("out_proj_gated_residual", v, c.w[0].nbytes());
+  }
+  {  // lm_head: logits + argmax
+    Copies c = make_copies(248320, H, size_t(300) << 20);
+    std::vector<GemvArgs> v;
+    for (const DMat& w : c.w) {
+      GemvArgs g;
+      normed(g);
+      g.seg[0] = GemvSeg{w, Epilogue::Logits, y, 248320, nullptr, nullptr, am, 0};
+      g.nseg = 1;
+      v.push_back(g);
+    }
+    run("lm_head_logits_argmax", v, c.w[0].nbytes());
+    for (auto& g : v) g.seg[0].argmax = nullptr;
+    run("lm_head_logits", v, c.w[0].nbytes());
+    for (auto& g : v) g.seg[0].epi = Epilogue::Store;
+    run("lm_head_store", v, c.w[0].nbytes());
+  }
+}
+
+}  // namespace probe
+using namespace probe;
 
 int main() {
   cudaDeviceProp prop;
@@ -315,6 +498,8 @@ int main() {
     CK(cudaFree(y));
     CK(cudaFree(yref));
   }
+  std::printf("\n  },\n  \"production\": {");
+  production(s);
   std::printf("\n  }\n}\n");
   return 0;
 }
