@@ -7,7 +7,8 @@
 #   3. compute-sanitizer memcheck on the test binary (the full-size cases filtered out: memcheck
 #      runs them ~100x slower);
 #   4. the decode benchmarks (kestrel bench, JSON records) and the micro-benchmarks of the
-#      dependency primitive (tools/device/sync_probe.cu) and of q4 GEMV layouts (gemv_probe.cu);
+#      dependency primitive (tools/device/sync_probe.cu), of q4 GEMV layouts and the decode GEMV's
+#      parts (gemv_probe.cu), and of the MoE expert kernels' parts (moe_probe.cu);
 #   5. the prompt benchmarks (tools/device/prefill_bench.sh, both GEMM routes);
 #   6. per-kernel profiles of a decode step and a 4K prompt (tools/device/profile.sh, Nsight
 #      Compute; summaries by kernel in profile/summary_*.txt);
@@ -151,15 +152,18 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
     else
       note "sync probe: build FAILED"; tail -5 "$W/sync_probe_build.log" | tee -a "$SUMMARY"
     fi
-    # What a q4 decode GEMV reaches at the real shapes in several launch layouts.
-    T0=$(date +%s)
-    if nvcc -O3 -std=c++20 -Isrc -gencode=arch=compute_90a,code=sm_90a tools/device/gemv_probe.cu \
-         -o build-gpu/gemv_probe > "$W/gemv_probe_build.log" 2>&1; then
-      timeout 120 build-gpu/gemv_probe > "$W/results/gemv_probe.json" 2> "$W/gemv_probe.err"
-      note "gemv probe: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/results/gemv_probe.json" | tee -a "$SUMMARY"
-    else
-      note "gemv probe: build FAILED"; tail -5 "$W/gemv_probe_build.log" | tee -a "$SUMMARY"
-    fi
+    # What a q4 decode GEMV reaches at the real shapes in several launch layouts, and the decode
+    # route's GEMV and MoE kernels with their parts switched on and off.
+    for p in gemv_probe moe_probe; do
+      T0=$(date +%s)
+      if nvcc -O3 -std=c++20 -Isrc --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
+           tools/device/$p.cu -o build-gpu/$p > "$W/${p}_build.log" 2>&1; then
+        timeout 120 build-gpu/$p > "$W/results/$p.json" 2> "$W/$p.err"
+        note "$p: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/results/$p.json" | tee -a "$SUMMARY"
+      else
+        note "$p: build FAILED"; tail -5 "$W/${p}_build.log" | tee -a "$SUMMARY"
+      fi
+    done
     pack
   fi
 fi

@@ -31,7 +31,7 @@ template <DFmt F>
 constexpr int kFusedGuTasks = F == DFmt::Q4 ? 4 : F == DFmt::Q8 ? 2 : 1;
 constexpr int kFusedDownRows = kMoeFusedDownRows;
 
-constexpr int gate_up_blocks(int64_t tasks, int tw) { return int((tasks + 8 * tw - 1) / (8 * tw)); }
+__host__ __device__ constexpr int gate_up_blocks(int64_t tasks, int tw) { return int((tasks + 8 * tw - 1) / (8 * tw)); }
 
 // Block vb of moe_gate_up (a 1-D grid of gate_up_blocks(topk * I, TW) blocks of 256 threads).
 template <DFmt F, int TW>

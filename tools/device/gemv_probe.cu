@@ -12,7 +12,7 @@
 // The weights rotate over enough copies to exceed L2, so every launch reads from DRAM as the
 // decode step does. Each figure: a graph of kNodes launches replayed kReps times, median / kNodes.
 // Every variant's output is compared with v1's. Build and run (tools/gpu_check.sh stage 4 does):
-//   nvcc -O3 -std=c++20 -Isrc -gencode=arch=compute_90a,code=sm_90a tools/device/gemv_probe.cu -o gemv_probe
+//   nvcc -O3 -std=c++20 -Isrc --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a tools/device/gemv_probe.cu -o gemv_probe
 // Then the decode route's own GEMV (src/cuda/gemv.cu, compiled into this file) on the same shapes
 // with its real segments, prologues, epilogues and the MoE routing tail, so that the cost of each
 // of those over the bare layout is measured ("production").

@@ -1,0 +1,236 @@
+// The decode step's MoE expert kernels (src/cuda/moe.cu, compiled into this file) at the real
+// shapes (E 256, top-8, hidden 2048, expert width 512, q4), timed alone and in combination, to
+// locate the cost of the fused launch (moe_experts, 42 us per layer against 22 us for the two
+// launches in the step at 5740032): gate/up alone, down alone (each in the two-launch and in the
+// fused kernel's block shapes), both shapes co-resident in one launch without the dependency, the
+// fused launch, and the two launches. The routed experts rotate over 32 disjoint sets so that every
+// launch reads its expert rows from DRAM. Output: JSON, microseconds per launch (median of
+// graph replays / nodes). Build (tools/gpu_check.sh stage 4 does):
+//   nvcc -O3 -std=c++20 -Isrc --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a tools/device/moe_probe.cu -o moe_probe
+#include "cuda/moe.cu"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <vector>
+
+namespace kestrel::cuda {
+void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "CUDA error %s in %s at %s:%d\n", cudaGetErrorString(e), what, file, line);
+    std::exit(1);
+  }
+}
+int num_sms() {
+  static int n = [] {
+    int v = 0;
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0);
+    return v;
+  }();
+  return n;
+}
+bool pdl_enabled() { return false; }
+size_t DMat::row_bytes() const {
+  return fmt == DFmt::BF16 ? size_t(cols) * 2 : fmt == DFmt::Q8 ? size_t(cols) : size_t(cols) / 2;
+}
+size_t DMat::nbytes() const {
+  return row_bytes() * size_t(rows) + (fmt == DFmt::BF16 ? 0 : 4 * size_t(rows) * size_t(cols / group));
+}
+
+// Probe kernels from moe.cu's block functions (same translation unit, so its unnamed namespace
+// is visible here).
+__global__ void __launch_bounds__(256, 2) probe_gu_fused_shape(const __grid_constant__ MoeGateUpArgs a) {
+  gate_up_block<DFmt::Q4, kFusedGuTasks<DFmt::Q4>>(a, blockIdx.x);
+}
+__global__ void __launch_bounds__(256, 2) probe_down_fused_shape(const __grid_constant__ MoeDownArgs a) {
+  down_block<DFmt::Q4, 512, kFusedDownRows>(a, blockIdx.x, nullptr, 0u);
+}
+// Both parts in one launch with no dependency (the down part reads act while it is written:
+// the values are meaningless, the timing is what is measured).
+__global__ void __launch_bounds__(256, 2) probe_both_nodep(const __grid_constant__ MoeExpertsArgs a) {
+  const int ngu = gate_up_blocks(int64_t(a.gu.topk) * a.gu.I, kFusedGuTasks<DFmt::Q4>);
+  if (int(blockIdx.x) < ngu)
+    gate_up_block<DFmt::Q4, kFusedGuTasks<DFmt::Q4>>(a.gu, blockIdx.x);
+  else
+    down_block<DFmt::Q4, 512, kFusedDownRows>(a.dn, int(blockIdx.x) - ngu, nullptr, 0u);
+}
+}  // namespace kestrel::cuda
+
+using namespace kestrel::cuda;
+
+#define CK(x) ::kestrel::cuda::cuda_check((x), #x, __FILE__, __LINE__)
+
+namespace probe {
+
+constexpr int kNodes = 64;
+constexpr int kReps = 11;
+constexpr int kSets = 32;  // disjoint expert sets of 8 (256 experts)
+
+__global__ void fill_u32(uint32_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t z = uint32_t(i) * 2654435761u ^ seed;
+    z ^= z >> 15; z *= 2246822519u; z ^= z >> 13;
+    p[i] = z;
+  }
+}
+__global__ void fill_sb(uint16_t* s, uint16_t* b, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float u = float((i * 7919u) % 1000u) / 1000.f;
+    s[i] = uint16_t(__float_as_uint(0.001f + 0.002f * u) >> 16);
+    b[i] = uint16_t(__float_as_uint(-0.01f + 0.02f * u) >> 16);
+  }
+}
+
+DMat q4_mat(int64_t rows, int64_t cols, uint32_t seed) {
+  DMat m;
+  m.fmt = DFmt::Q4;
+  m.rows = rows;
+  m.cols = cols;
+  m.group = 64;
+  const size_t data = size_t(rows) * cols / 2, groups = size_t(rows) * (cols / 64);
+  void* d;
+  uint16_t *s, *b;
+  CK(cudaMalloc(&d, data));
+  CK(cudaMalloc(&s, groups * 2));
+  CK(cudaMalloc(&b, groups * 2));
+  fill_u32<<<1024, 256>>>(static_cast<uint32_t*>(d), data / 4, seed);
+  fill_sb<<<1024, 256>>>(s, b, groups);
+  m.data = d;
+  m.scales = s;
+  m.biases = b;
+  return m;
+}
+
+float* dev_floats(size_t n, float v) {
+  std::vector<float> h(n, v);
+  float* d;
+  CK(cudaMalloc(&d, n * 4));
+  CK(cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice));
+  return d;
+}
+
+template <class F>
+double time_graph(cudaStream_t s, F&& record) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < kNodes; ++i) record(i);
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int r = 0; r < kReps + 2; ++r) {
+    CK(cudaEventRecord(a, s));
+    CK(cudaGraphLaunch(ge, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    if (r >= 2) t.push_back(double(ms) * 1e3 / kNodes);
+  }
+  std::sort(t.begin(), t.end());
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  return t[t.size() / 2];
+}
+
+}  // namespace probe
+using namespace probe;
+
+int main() {
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  constexpr int64_t E = 256, I = 512, H = 2048, K8 = 8;
+  const DMat gate = q4_mat(E * I, H, 1), up = q4_mat(E * I, H, 2), down = q4_mat(E * H, I, 3),
+             sdown = q4_mat(H, I, 4);
+  // 32 disjoint ascending sets of 8 experts.
+  std::vector<int> perm(E);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(5));
+  std::vector<int> sets(size_t(kSets) * K8);
+  for (int q = 0; q < kSets; ++q) {
+    std::sort(perm.begin() + q * K8, perm.begin() + (q + 1) * K8);
+    std::copy(perm.begin() + q * K8, perm.begin() + (q + 1) * K8, sets.begin() + q * K8);
+  }
+  int* d_sets;
+  CK(cudaMalloc(&d_sets, sets.size() * 4));
+  CK(cudaMemcpy(d_sets, sets.data(), sets.size() * 4, cudaMemcpyHostToDevice));
+  float* h = dev_floats(H, 0.5f);
+  float* act = dev_floats(size_t(K8 * I), 0.1f);
+  float* tw = dev_floats(16, 0.125f);
+  float* sg = dev_floats(I, 0.2f);
+  float* su = dev_floats(I, 0.3f);
+  float* sgate = dev_floats(1, 0.f);
+  float* x = dev_floats(H, 0.f);
+  unsigned* counters;
+  CK(cudaMalloc(&counters, 8));
+  CK(cudaMemset(counters, 0, 8));
+  CK(cudaDeviceSynchronize());
+
+  auto args = [&](int i) {
+    MoeExpertsArgs a;
+    const int* idx = d_sets + (i % kSets) * K8;
+    a.gu.topk = int(K8);
+    a.gu.E = E;
+    a.gu.h = h;
+    a.gu.hidden = H;
+    a.gu.I = I;
+    a.gu.gate = gate;
+    a.gu.up = up;
+    a.gu.topk_idx = idx;
+    a.gu.act = act;
+    a.dn.topk = int(K8);
+    a.dn.hidden = H;
+    a.dn.I = a.dn.Is = I;
+    a.dn.topk_idx = idx;
+    a.dn.topk_w = tw;
+    a.dn.act = act;
+    a.dn.sg = sg;
+    a.dn.su = su;
+    a.dn.sgate = sgate;
+    a.dn.down = down;
+    a.dn.shared_down = sdown;
+    a.dn.x = x;
+    a.counters = counters;
+    return a;
+  };
+  const int ngu_f = gate_up_blocks(K8 * I, kFusedGuTasks<DFmt::Q4>), ndn_f = int(H / kFusedDownRows);
+  std::printf("{\n  \"gpu_sms\": %d, \"nodes\": %d, \"reps\": %d, \"fused_blocks\": [%d, %d], \"resident_fused\": %d,\n"
+              "  \"us_per_launch\": {",
+              num_sms(), kNodes, kReps, ngu_f, ndn_f, moe_experts_resident(DFmt::Q4));
+  bool first = true;
+  auto out = [&](const char* name, double us) {
+    std::printf("%s\n    \"%s\": %.3f", first ? "" : ",", name, us);
+    first = false;
+    std::fflush(stdout);
+  };
+  out("gate_up_alone", time_graph(s, [&](int i) { moe_gate_up_launch(args(i).gu, s); }));
+  out("down_alone", time_graph(s, [&](int i) { moe_down_launch(args(i).dn, s); }));
+  out("two_launches", time_graph(s, [&](int i) {
+        const MoeExpertsArgs a = args(i);
+        moe_gate_up_launch(a.gu, s);
+        moe_down_launch(a.dn, s);
+      }));
+  out("gate_up_fused_shape_alone", time_graph(s, [&](int i) {
+        probe_gu_fused_shape<<<ngu_f, 256, 0, s>>>(args(i).gu);
+      }));
+  out("down_fused_shape_alone", time_graph(s, [&](int i) {
+        probe_down_fused_shape<<<ndn_f, 256, 0, s>>>(args(i).dn);
+      }));
+  out("both_shapes_one_launch_no_dependency", time_graph(s, [&](int i) {
+        probe_both_nodep<<<ngu_f + ndn_f, 256, 0, s>>>(args(i));
+      }));
+  out("fused_moe_experts", time_graph(s, [&](int i) { moe_experts_launch(args(i), s); }));
+  std::printf("\n  }\n}\n");
+  unsigned hc[2];
+  CK(cudaMemcpy(hc, counters, 8, cudaMemcpyDeviceToHost));
+  if (hc[0] != 0 || hc[1] != 0) {
+    std::fprintf(stderr, "moe_probe: counters not reset (%u, %u)\n", hc[0], hc[1]);
+    return 1;
+  }
+  return 0;
+}
