@@ -18,31 +18,7 @@
 // of those over the bare layout is measured ("production").
 #include "cuda/gemv.cu"
 
-// The host helpers gemv.cu needs from launchers.cpp (which needs the core library).
-namespace kestrel::cuda {
-void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "CUDA error %s in %s at %s:%d\n", cudaGetErrorString(e), what, file, line);
-    std::exit(1);
-  }
-}
-int num_sms() {
-  static int n = [] {
-    int v = 0;
-    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0);
-    return v;
-  }();
-  return n;
-}
-bool pdl_enabled() { return false; }
-int gemv_version() { return 1; }
-size_t DMat::row_bytes() const {
-  return fmt == DFmt::BF16 ? size_t(cols) * 2 : fmt == DFmt::Q8 ? size_t(cols) : size_t(cols) / 2;
-}
-size_t DMat::nbytes() const {
-  return row_bytes() * size_t(rows) + (fmt == DFmt::BF16 ? 0 : 4 * size_t(rows) * size_t(cols / group));
-}
-}  // namespace kestrel::cuda
+#include "probe_engine.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -54,14 +30,7 @@ size_t DMat::nbytes() const {
 using namespace kestrel::cuda;
 // (A named namespace: gemv.cu's anonymous one is in this translation unit too.)
 
-#define CK(x)                                                                                       \
-  do {                                                                                              \
-    cudaError_t e_ = (x);                                                                           \
-    if (e_ != cudaSuccess) {                                                                        \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));       \
-      std::exit(1);                                                                                 \
-    }                                                                                               \
-  } while (0)
+#define CK(x) PROBE_CK(x)
 
 namespace probe {
 
@@ -166,23 +135,6 @@ __global__ void probe_kernel(const __grid_constant__ DMat w, const float* x, con
   }
 }
 
-__global__ void fill_kernel(uint32_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t z = uint32_t(i) * 2654435761u ^ seed;
-    z ^= z >> 15; z *= 2246822519u; z ^= z >> 13;
-    p[i] = z;
-  }
-}
-// bf16 scales in [0.001, 0.003), biases in [-0.01, 0.01): finite, small dots.
-__global__ void fill_sb_kernel(uint16_t* s, uint16_t* b, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float u = float((i * 7919u) % 1000u) / 1000.f;
-    const float sv = 0.001f + 0.002f * u, bv = -0.01f + 0.02f * u;
-    s[i] = uint16_t(__float_as_uint(sv) >> 16);
-    b[i] = uint16_t(__float_as_uint(bv) >> 16);
-  }
-}
-
 struct Shape {
   const char* name;
   int64_t N;
@@ -194,59 +146,20 @@ struct Copies {
 };
 
 Copies make_copies(int64_t N, int K, size_t min_total, DFmt fmt = DFmt::Q4) {
-  const size_t data = size_t(N) * K / (fmt == DFmt::Q8 ? 1 : 2), groups = size_t(N) * (K / 64);
-  const size_t one = data + 4 * groups;
-  const int n = int(std::max<size_t>(4, (min_total + one - 1) / one));
+  DMat one;
+  one.fmt = fmt;
+  one.rows = N;
+  one.cols = K;
+  const int n = int(std::max<size_t>(4, (min_total + one.nbytes() - 1) / one.nbytes()));
   Copies c;
-  for (int i = 0; i < n; ++i) {
-    DMat m;
-    m.fmt = fmt;
-    m.rows = N;
-    m.cols = K;
-    m.group = 64;
-    void* d;
-    uint16_t *s, *b;
-    CK(cudaMalloc(&d, data));
-    CK(cudaMalloc(&s, groups * 2));
-    CK(cudaMalloc(&b, groups * 2));
-    fill_kernel<<<1024, 256>>>(static_cast<uint32_t*>(d), data / 4, 0x9e37u + i);
-    fill_sb_kernel<<<1024, 256>>>(s, b, groups);
-    m.data = d;
-    m.scales = s;
-    m.biases = b;
-    c.w.push_back(m);
-  }
+  for (int i = 0; i < n; ++i) c.w.push_back(affine_mat(N, K, 0x9e37u + i, fmt));
   CK(cudaDeviceSynchronize());
   return c;
 }
 
 template <class F>
 double time_graph(cudaStream_t s, F&& record) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < kNodes; ++i) record(i);
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<double> t;
-  for (int r = 0; r < kReps + 2; ++r) {
-    CK(cudaEventRecord(a, s));
-    CK(cudaGraphLaunch(ge, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (r >= 2) t.push_back(double(ms) * 1e3 / kNodes);
-  }
-  std::sort(t.begin(), t.end());
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return t[t.size() / 2];
+  return probe::time_graph(s, kNodes, kReps, record);
 }
 
 struct Variant {
@@ -281,14 +194,6 @@ DMat rows_view(const DMat& w, int64_t r0, int64_t n) {
   v.scales = w.scales + size_t(r0) * (w.cols / 64);
   v.biases = w.biases + size_t(r0) * (w.cols / 64);
   return v;
-}
-
-float* dev_floats(size_t n, float v) {
-  std::vector<float> h(n, v);
-  float* d;
-  CK(cudaMalloc(&d, n * 4));
-  CK(cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice));
-  return d;
 }
 
 void production(cudaStream_t s) {

@@ -9,35 +9,12 @@
 //   nvcc -O3 -std=c++20 -Isrc --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a tools/device/moe_probe.cu -o moe_probe
 #include "cuda/moe.cu"
 
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
+#include "probe_engine.cuh"
+
 #include <numeric>
 #include <random>
-#include <vector>
 
 namespace kestrel::cuda {
-void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "CUDA error %s in %s at %s:%d\n", cudaGetErrorString(e), what, file, line);
-    std::exit(1);
-  }
-}
-int num_sms() {
-  static int n = [] {
-    int v = 0;
-    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0);
-    return v;
-  }();
-  return n;
-}
-bool pdl_enabled() { return false; }
-size_t DMat::row_bytes() const {
-  return fmt == DFmt::BF16 ? size_t(cols) * 2 : fmt == DFmt::Q8 ? size_t(cols) : size_t(cols) / 2;
-}
-size_t DMat::nbytes() const {
-  return row_bytes() * size_t(rows) + (fmt == DFmt::BF16 ? 0 : 4 * size_t(rows) * size_t(cols / group));
-}
 
 // Probe kernels from moe.cu's block functions (same translation unit, so its unnamed namespace
 // is visible here).
@@ -60,7 +37,7 @@ __global__ void __launch_bounds__(256, 2) probe_both_nodep(const __grid_constant
 
 using namespace kestrel::cuda;
 
-#define CK(x) ::kestrel::cuda::cuda_check((x), #x, __FILE__, __LINE__)
+#define CK(x) PROBE_CK(x)
 
 namespace probe {
 
@@ -68,74 +45,9 @@ constexpr int kNodes = 64;
 constexpr int kReps = 11;
 constexpr int kSets = 32;  // disjoint expert sets of 8 (256 experts)
 
-__global__ void fill_u32(uint32_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t z = uint32_t(i) * 2654435761u ^ seed;
-    z ^= z >> 15; z *= 2246822519u; z ^= z >> 13;
-    p[i] = z;
-  }
-}
-__global__ void fill_sb(uint16_t* s, uint16_t* b, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float u = float((i * 7919u) % 1000u) / 1000.f;
-    s[i] = uint16_t(__float_as_uint(0.001f + 0.002f * u) >> 16);
-    b[i] = uint16_t(__float_as_uint(-0.01f + 0.02f * u) >> 16);
-  }
-}
-
-DMat q4_mat(int64_t rows, int64_t cols, uint32_t seed) {
-  DMat m;
-  m.fmt = DFmt::Q4;
-  m.rows = rows;
-  m.cols = cols;
-  m.group = 64;
-  const size_t data = size_t(rows) * cols / 2, groups = size_t(rows) * (cols / 64);
-  void* d;
-  uint16_t *s, *b;
-  CK(cudaMalloc(&d, data));
-  CK(cudaMalloc(&s, groups * 2));
-  CK(cudaMalloc(&b, groups * 2));
-  fill_u32<<<1024, 256>>>(static_cast<uint32_t*>(d), data / 4, seed);
-  fill_sb<<<1024, 256>>>(s, b, groups);
-  m.data = d;
-  m.scales = s;
-  m.biases = b;
-  return m;
-}
-
-float* dev_floats(size_t n, float v) {
-  std::vector<float> h(n, v);
-  float* d;
-  CK(cudaMalloc(&d, n * 4));
-  CK(cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice));
-  return d;
-}
-
 template <class F>
 double time_graph(cudaStream_t s, F&& record) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < kNodes; ++i) record(i);
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<double> t;
-  for (int r = 0; r < kReps + 2; ++r) {
-    CK(cudaEventRecord(a, s));
-    CK(cudaGraphLaunch(ge, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (r >= 2) t.push_back(double(ms) * 1e3 / kNodes);
-  }
-  std::sort(t.begin(), t.end());
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  return t[t.size() / 2];
+  return probe::time_graph(s, kNodes, kReps, record);
 }
 
 }  // namespace probe
@@ -145,8 +57,8 @@ int main() {
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   constexpr int64_t E = 256, I = 512, H = 2048, K8 = 8;
-  const DMat gate = q4_mat(E * I, H, 1), up = q4_mat(E * I, H, 2), down = q4_mat(E * H, I, 3),
-             sdown = q4_mat(H, I, 4);
+  const DMat gate = affine_mat(E * I, H, 1), up = affine_mat(E * I, H, 2), down = affine_mat(E * H, I, 3),
+             sdown = affine_mat(H, I, 4);
   // 32 disjoint ascending sets of 8 experts.
   std::vector<int> perm(E);
   std::iota(perm.begin(), perm.end(), 0);

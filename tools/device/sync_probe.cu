@@ -6,22 +6,11 @@
 //   ./sync_probe > sync_probe.json
 // Each case is a graph of kNodes kernel nodes replayed kReps times; the figure is the median
 // replay time / kNodes (microseconds per launch). Not a test: it prints measurements.
-#include <cuda_runtime.h>
+#include "probe_common.cuh"
 
-#include <algorithm>
 #include <string>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
+#define CK(x) PROBE_CK(x)
 
 constexpr int kNodes = 100;
 constexpr int kReps = 15;
@@ -72,29 +61,7 @@ __global__ void publish_wait_kernel(unsigned* c, int np, int fence, int poll, in
 
 template <class F>
 double time_graph(cudaStream_t s, F&& record) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < kNodes; ++i) record();
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  std::vector<double> t;
-  for (int r = 0; r < kReps + 2; ++r) {
-    CK(cudaEventRecord(a, s));
-    CK(cudaGraphLaunch(ge, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (r >= 2) t.push_back(double(ms) * 1e3 / kNodes);
-  }
-  std::sort(t.begin(), t.end());
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  return t[t.size() / 2];
+  return probe::time_graph(s, kNodes, kReps, [&](int) { record(); });
 }
 
 int main() {
