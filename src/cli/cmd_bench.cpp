@@ -52,6 +52,7 @@ struct BenchOpts {
   uint64_t seed = 1;
   std::string pdl = "off";  // programmatic dependent launch: off (the default route) | on | both
   std::string moe = "split";  // MoE experts route: split | fused | both
+  std::string route = "tail";  // MoE routing: tail (of the router GEMV) | kernel | both
   std::string gemv = "1";    // GEMV route for M = 1: 1 | 2 | both
   std::string prefill;       // prompt lengths: run the prefill benchmark instead of decode
   int prefill_runs = 3;      // timed runs per prompt of <= 8192 tokens (one for longer)
@@ -280,24 +281,32 @@ void run_bench(const BenchOpts& o) {
   std::vector<bool> moe_modes;
   if (o.moe != "split") moe_modes.push_back(true);
   if (o.moe != "fused") moe_modes.push_back(false);
+  KESTREL_CHECK(o.route == "tail" || o.route == "kernel" || o.route == "both", "--route {} (tail, kernel or both)",
+                o.route);
+  std::vector<bool> route_modes;  // true: the routing kernel
+  if (o.route != "kernel") route_modes.push_back(false);
+  if (o.route != "tail") route_modes.push_back(true);
   nlohmann::json records = nlohmann::json::array();
-  std::printf("%-8s %4s %4s %5s %9s %10s %10s %11s %10s %8s\n", "weights", "gemv", "pdl", "moe", "context",
-              "step_ms", "tok/s", "GB/s", "floor", "of floor");
+  std::printf("%-8s %4s %4s %5s %6s %9s %10s %10s %11s %10s %8s\n", "weights", "gemv", "pdl", "moe", "route",
+              "context", "step_ms", "tok/s", "GB/s", "floor", "of floor");
   struct Mode {
     int gemv;
     bool pdl;
     bool moe_fused;
+    bool route_kernel;
   };
   std::vector<Mode> modes;
   for (int g : gemv_modes)
     for (bool p : pdl_modes)
-      for (bool f : moe_modes) modes.push_back({g, p, f});
+      for (bool f : moe_modes)
+        for (bool r : route_modes) modes.push_back({g, p, f, r});
   for (int64_t ctx : contexts)
   for (const Mode& md : modes) {
     const bool pdl = md.pdl;
     cuda::set_pdl_enabled(pdl);  // both read when the sequence's graph is captured
     cuda::set_gemv_version(md.gemv);
     cuda::set_moe_fused_enabled(md.moe_fused);
+    cuda::set_moe_route_kernel_enabled(md.route_kernel);
     const SeqId s = b->create_sequence(std::max<int64_t>(ctx + o.warmup + o.steps + 1, 64));
     if (ctx > 0) cuda::set_synthetic_context(*b, s, ctx, o.seed + uint64_t(ctx));
     auto t = cuda::time_decode_steps(*b, s, 1, o.warmup, o.steps);
@@ -305,8 +314,9 @@ void run_bench(const BenchOpts& o) {
     const double med = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
     const double bytes = cuda::decode_step_bytes(*b, ctx);
     const double tps = 1.0 / med, gbs = bytes / med / 1e9, floor = kBandwidth / bytes;
-    std::printf("%-8s %4d %4s %5s %9lld %10.4f %10.1f %11.1f %10.1f %7.1f%%\n", weights.c_str(),
-                md.gemv, pdl ? "on" : "off", md.moe_fused ? "fused" : "split", (long long)ctx,
+    std::printf("%-8s %4d %4s %5s %6s %9lld %10.4f %10.1f %11.1f %10.1f %7.1f%%\n", weights.c_str(),
+                md.gemv, pdl ? "on" : "off", md.moe_fused ? "fused" : "split", md.route_kernel ? "kernel" : "tail",
+                (long long)ctx,
                 med * 1e3, tps, gbs, floor, 100.0 * tps / floor);
     std::fflush(stdout);
     records.push_back({{"kind", "decode"},
@@ -326,6 +336,7 @@ void run_bench(const BenchOpts& o) {
                        {"pdl", pdl},
                        {"gemv_route", md.gemv},
                        {"moe_route", md.moe_fused ? "fused" : "split"},
+                       {"routing", md.route_kernel ? "kernel" : "tail"},
                        {"gpu", gpu},
                        {"git_sha", sha},
                        {"date", date}});
@@ -355,6 +366,8 @@ void setup_bench(CLI::App& root) {
   c->add_option("--out", o->out_dir, "Output directory");
   c->add_option("--seed", o->seed, "Synthetic weights seed");
   c->add_option("--pdl", o->pdl, "Programmatic dependent launch: on, off or both (one record each)");
+  c->add_option("--route", o->route,
+                "MoE routing: tail (last block of the router GEMV), kernel (its own launch), or both");
   c->add_option("--moe", o->moe,
                 "MoE experts route: fused (gate/up and down in one launch), split, or both (one record each)");
   c->add_option("--gemv", o->gemv, "GEMV route for M = 1: 1, 2 or both (one record each)");

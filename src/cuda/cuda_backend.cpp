@@ -800,8 +800,13 @@ class CudaBackend final : public Backend {
     g.seg[2] = GemvSeg{d.sh_gate, Epilogue::Store, sc_.sg, d.sh_gate.rows, nullptr, nullptr, nullptr};
     g.seg[3] = GemvSeg{d.sh_up, Epilogue::Store, sc_.su, d.sh_up.rows, nullptr, nullptr, nullptr};
     g.nseg = 4;
-    g.route = RouteTail{sc_.rl, c.num_experts, c.num_experts_per_tok, sc_.ti, sc_.tw, sc_.route_counter};
-    gemv(g, s_);
+    if (moe_route_kernel_enabled()) {  // read when the step is recorded
+      gemv(g, s_);
+      decode_route(DecodeRouteArgs{sc_.rl, c.num_experts, c.num_experts_per_tok, sc_.ti, sc_.tw}, s_);
+    } else {
+      g.route = RouteTail{sc_.rl, c.num_experts, c.num_experts_per_tok, sc_.ti, sc_.tw, sc_.route_counter};
+      gemv(g, s_);
+    }
     MoeGateUpArgs gu;
     gu.E = c.num_experts;
     gu.topk = c.num_experts_per_tok;

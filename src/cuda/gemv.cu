@@ -127,6 +127,12 @@ __device__ __forceinline__ void route_tail(const RouteTail& r) {
   if (threadIdx.x == 0) *r.counter = 0u;
 }
 
+__global__ void __launch_bounds__(32) decode_route_kernel(const __grid_constant__ DecodeRouteArgs a) {
+  pdl_launch_dependents();
+  pdl_wait();
+  moe_route_warp(a.logits, a.E, a.topk, a.idx, a.w);
+}
+
 template <int K, int MM>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ GemvArgs a, int64_t total_rows) {
   extern __shared__ float4 smem4[];
@@ -467,6 +473,10 @@ void gemv_init() {
     (void)resident_blocks<DFmt::Q8, 4096>();
     (void)resident_blocks<DFmt::Q4, 4096>();
   });
+}
+
+void decode_route_launch(const DecodeRouteArgs& a, cudaStream_t s) {
+  launch_pdl(decode_route_kernel, dim3(1), dim3(32), 0, s, a);
 }
 
 void gemv_launch(const GemvArgs& a, int64_t total, cudaStream_t s) {

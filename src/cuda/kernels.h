@@ -89,6 +89,19 @@ struct RouteTail {
   unsigned* counter = nullptr;
 };
 
+// The same routing as a launch of its own (one warp) after a router GEMV without RouteTail: the
+// decode step's route when moe_route_kernel_enabled() (KESTREL_MOE_ROUTE_KERNEL=1; default off
+// until measured against the tail).
+struct DecodeRouteArgs {
+  const float* logits = nullptr;  // [E], written by an earlier launch
+  int E = 0, topk = 0;
+  int* idx = nullptr;             // [topk], ascending experts
+  float* w = nullptr;             // [topk]
+};
+void decode_route(const DecodeRouteArgs& a, cudaStream_t s);
+bool moe_route_kernel_enabled();
+void set_moe_route_kernel_enabled(bool on);
+
 struct GemvArgs {
   int M = 1;
   int64_t K = 0;

@@ -12,6 +12,7 @@ void attn_decode_launch(const AttnDecodeArgs& a, cudaStream_t s);
 void moe_gate_up_launch(const MoeGateUpArgs& a, cudaStream_t s);
 void moe_down_launch(const MoeDownArgs& a, cudaStream_t s);
 void moe_experts_launch(const MoeExpertsArgs& a, cudaStream_t s);
+void decode_route_launch(const DecodeRouteArgs& a, cudaStream_t s);
 int moe_experts_resident(DFmt f);  // blocks of the fused kernel resident at once on the GPU
 void step_begin_launch(const StepBeginArgs& a, cudaStream_t s);
 

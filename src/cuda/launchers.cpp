@@ -41,6 +41,10 @@ int& moe_fused_flag() {
   static int f = env_choice("KESTREL_MOE_FUSED", {0, 1}, 0);
   return f;
 }
+int& moe_route_flag() {
+  static int f = env_choice("KESTREL_MOE_ROUTE_KERNEL", {0, 1}, 0);
+  return f;
+}
 }  // namespace
 bool pdl_enabled() { return pdl_flag() != 0; }
 void set_pdl_enabled(bool on) { pdl_flag() = on ? 1 : 0; }
@@ -207,6 +211,15 @@ void check_down(const MoeDownArgs& a) {
 }  // namespace
 
 bool moe_fused_enabled() { return moe_fused_flag() != 0; }
+bool moe_route_kernel_enabled() { return moe_route_flag() != 0; }
+void set_moe_route_kernel_enabled(bool on) { moe_route_flag() = on ? 1 : 0; }
+
+void decode_route(const DecodeRouteArgs& a, cudaStream_t s) {
+  KESTREL_CHECK(a.E >= 1 && a.E <= 512 && a.topk >= 1 && a.topk <= 16 && a.topk <= a.E,
+                "decode_route: E {} top-k {} (supported E <= 512, k <= 16)", a.E, a.topk);
+  KESTREL_CHECK(a.logits && a.idx && a.w, "decode_route: null pointer");
+  decode_route_launch(a, s);
+}
 void set_moe_fused_enabled(bool on) { moe_fused_flag() = on ? 1 : 0; }
 
 void moe_gate_up(const MoeGateUpArgs& a, cudaStream_t s) {

@@ -224,6 +224,11 @@ TEST(CudaBackend, MatchesCpuBackendQ4MoeFused) {  // moe_experts: gate/up and do
   run_e2e_with(moe_fused_enabled, set_moe_fused_enabled, "the fused MoE launch");
 }
 
+TEST(CudaBackend, MatchesCpuBackendQ4RouteKernel) {  // the MoE routing as its own launch
+  REQUIRE_GPU();
+  run_e2e_with(moe_route_kernel_enabled, set_moe_route_kernel_enabled, "the routing kernel");
+}
+
 TEST(CudaBackend, MatchesCpuBackendQ4GemvV2) {
   REQUIRE_GPU();
   set_gemv_version(2);  // read when the sequences' graphs are captured

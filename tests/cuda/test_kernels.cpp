@@ -414,6 +414,7 @@ struct MoeCase {
   int E, topk;
   WFormat f, fr;  // experts / router format
   bool fused = false;  // moe_experts (one launch) instead of moe_gate_up + moe_down
+  bool route_kernel = false;  // the routing as its own launch instead of the router GEMV's tail
 };
 
 void run_moe(const MoeCase& c, uint32_t seed) {
@@ -471,13 +472,15 @@ void run_moe(const MoeCase& c, uint32_t seed) {
   a.nseg = 4;
   DevBuf counter(4);
   KCUDA(cudaMemset(counter.p, 0, 4));
-  a.route = RouteTail{dl->as<float>(), c.E, c.topk, ti.as<int>(), tw.as<float>(), counter.as<unsigned>()};
+  if (!c.route_kernel)
+    a.route = RouteTail{dl->as<float>(), c.E, c.topk, ti.as<int>(), tw.as<float>(), counter.as<unsigned>()};
   // Twice, the routing poisoned in between: the last block of each launch routes (the counter
-  // is left at zero for the next launch).
+  // is left at zero for the next launch), or the route kernel after it.
   for (int rep = 0; rep < 2; ++rep) {
     KCUDA(cudaMemset(ti.p, 0xff, 64));
     KCUDA(cudaMemset(tw.p, 0xff, 64));
     gemv(a, nullptr);
+    if (c.route_kernel) decode_route(DecodeRouteArgs{dl->as<float>(), c.E, c.topk, ti.as<int>(), tw.as<float>()}, nullptr);
   }
   EXPECT_EQ(to_host<unsigned>(counter, 1)[0], 0u) << "route counter not reset";
   MoeGateUpArgs gu;
@@ -541,6 +544,8 @@ TEST(CudaMoe, DecodeMatchesCpu) {
     run_moe({8, 2, WFormat::Q4, WFormat::Q4, fused}, seed++);
     run_moe({256, 16, WFormat::Q4, WFormat::Q8, fused}, seed++);
   }
+  run_moe({256, 8, WFormat::Q4, WFormat::Q8, false, true}, 520);
+  run_moe({16, 4, WFormat::BF16, WFormat::BF16, false, true}, 521);
 }
 
 TEST(CudaMoe, FusedLaunchRejectsMismatchedParts) {
@@ -592,7 +597,7 @@ TEST(CudaMoe, FusedLaunchRejectsMismatchedParts) {
 // The router GEMV's route tail on exact ties: router rows repeat with period 37, so equal logits
 // come in groups and the top-k must take the lower expert index first (the CPU oracle's order),
 // for expert counts that are and are not multiples of 32.
-void run_route(int E, int topk, uint32_t seed) {
+void run_route(int E, int topk, uint32_t seed, bool kernel) {
   std::mt19937 g(seed);
   const int64_t H = 2048;
   constexpr int kPeriod = 37;
@@ -618,8 +623,13 @@ void run_route(int E, int topk, uint32_t seed) {
   a.ldx = H;
   a.seg[0] = GemvSeg{dR->d, Epilogue::Store, dl->as<float>(), E, nullptr, nullptr, nullptr};
   a.nseg = 1;
-  a.route = RouteTail{dl->as<float>(), E, topk, ti.as<int>(), tw.as<float>(), counter.as<unsigned>()};
-  gemv(a, nullptr);
+  if (kernel) {  // the routing as its own launch
+    gemv(a, nullptr);
+    decode_route(DecodeRouteArgs{dl->as<float>(), E, topk, ti.as<int>(), tw.as<float>()}, nullptr);
+  } else {
+    a.route = RouteTail{dl->as<float>(), E, topk, ti.as<int>(), tw.as<float>(), counter.as<unsigned>()};
+    gemv(a, nullptr);
+  }
   const auto l = to_host<float>(*dl, size_t(E));
   std::vector<int> order(static_cast<size_t>(E));
   std::iota(order.begin(), order.end(), 0);
@@ -631,7 +641,7 @@ void run_route(int E, int topk, uint32_t seed) {
   for (int e : want) top += std::exp(double(l[size_t(e)]) - mx);
   std::vector<float> wantw;
   for (int e : want) wantw.push_back(float(std::exp(double(l[size_t(e)]) - mx) / top));
-  const std::string wh = fmt::format("route ties E={} k={}", E, topk);
+  const std::string wh = fmt::format("route ties E={} k={}{}", E, topk, kernel ? " (route kernel)" : "");
   EXPECT_EQ(to_host<int>(ti, size_t(topk)), want) << wh;
   expect_close(to_host<float>(tw, size_t(topk)), wantw, 1e-6f, 1e-5f, wh + " weights");
 }
@@ -639,11 +649,13 @@ void run_route(int E, int topk, uint32_t seed) {
 TEST(CudaMoe, RouteTiesTakeLowerExpert) {
   REQUIRE_GPU();
   GemvRoutes::each([] {
-    uint32_t seed = 600;
-    run_route(256, 8, seed++);
-    run_route(200, 8, seed++);
-    run_route(512, 16, seed++);
-    run_route(40, 4, seed++);
+    for (bool kernel : {false, true}) {
+      uint32_t seed = 600;
+      run_route(256, 8, seed++, kernel);
+      run_route(200, 8, seed++, kernel);
+      run_route(512, 16, seed++, kernel);
+      run_route(40, 4, seed++, kernel);
+    }
   });
 }
 

@@ -289,6 +289,16 @@ void production(cudaStream_t s) {
         const std::string name = std::string("router_") + (rf == DFmt::Q8 ? "q8" : "q4") + (route ? "_route" : "_noroute") +
                                  (xout ? "_xout" : "");
         run(name.c_str(), v, bytes);
+        if (!route && xout) {  // the routing as its own launch after the GEMV (two launches per node)
+          int64_t total = 0;
+          for (int k = 0; k < v[0].nseg; ++k) total += v[0].seg[k].w.rows;
+          const double us = time_graph(s, [&](int i) {
+            gemv_launch(v[size_t(i) % v.size()], total, s);
+            decode_route_launch(DecodeRouteArgs{y, 256, 8, ti, tw}, s);
+          });
+          std::printf(",\n    \"%s_then_route_kernel\": {\"us\": %.3f, \"gb_per_s\": %.1f}", name.c_str(), us,
+                      double(bytes) / us * 1e-3);
+        }
       }
   }
   {  // out projection: K = 4096, gated RMSNorm prologue, residual epilogue
