@@ -45,6 +45,11 @@ int& moe_route_flag() {
   static int f = env_choice("KESTREL_MOE_ROUTE_KERNEL", {0, 1}, 0);
   return f;
 }
+// The sizes moe_route_warp (moe_route.cuh) handles, for the routing tail and the routing kernel.
+void check_routing(int E, int topk, const char* who) {
+  KESTREL_CHECK(E >= 1 && E <= 512 && topk >= 1 && topk <= 16 && topk <= E,
+                "{}: E {} top-k {} (supported E <= 512, k <= 16)", who, E, topk);
+}
 }  // namespace
 bool pdl_enabled() { return pdl_flag() != 0; }
 void set_pdl_enabled(bool on) { pdl_flag() = on ? 1 : 0; }
@@ -137,8 +142,7 @@ void gemv(const GemvArgs& a, cudaStream_t s) {
   }
   if (a.route.logits != nullptr) {
     const RouteTail& r = a.route;
-    KESTREL_CHECK(r.E >= 1 && r.E <= 512 && r.topk >= 1 && r.topk <= 16 && r.topk <= r.E,
-                  "gemv route: E {} top-k {} (supported E <= 512, k <= 16)", r.E, r.topk);
+    check_routing(r.E, r.topk, "gemv route");
     KESTREL_CHECK(r.idx && r.w && r.counter, "gemv route: null output or counter");
     bool produced = false;  // the logits must be one of this launch's outputs
     for (int i = 0; i < a.nseg; ++i)
@@ -211,16 +215,15 @@ void check_down(const MoeDownArgs& a) {
 }  // namespace
 
 bool moe_fused_enabled() { return moe_fused_flag() != 0; }
+void set_moe_fused_enabled(bool on) { moe_fused_flag() = on ? 1 : 0; }
 bool moe_route_kernel_enabled() { return moe_route_flag() != 0; }
 void set_moe_route_kernel_enabled(bool on) { moe_route_flag() = on ? 1 : 0; }
 
 void decode_route(const DecodeRouteArgs& a, cudaStream_t s) {
-  KESTREL_CHECK(a.E >= 1 && a.E <= 512 && a.topk >= 1 && a.topk <= 16 && a.topk <= a.E,
-                "decode_route: E {} top-k {} (supported E <= 512, k <= 16)", a.E, a.topk);
+  check_routing(a.E, a.topk, "decode_route");
   KESTREL_CHECK(a.logits && a.idx && a.w, "decode_route: null pointer");
   decode_route_launch(a, s);
 }
-void set_moe_fused_enabled(bool on) { moe_fused_flag() = on ? 1 : 0; }
 
 void moe_gate_up(const MoeGateUpArgs& a, cudaStream_t s) {
   check_gate_up(a);

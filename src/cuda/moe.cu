@@ -123,9 +123,9 @@ __device__ __forceinline__ void retire(unsigned* ready, unsigned* passed, unsign
 constexpr int kDownRows = 8;          // output rows per block (the two-launch route)
 constexpr int kHalfWarps = 16;        // 256 threads / 16 lanes
 
-// Block vb of moe_down (hidden / ROWS blocks of 256 threads). With ready != nullptr the
-// activations come from blocks of the same launch: the block waits for *ready >= target after its
-// first pass of weight loads is in flight, and reads them through L2.
+// Block vb of moe_down (hidden / ROWS blocks of 256 threads). The routed activations are read
+// through L2 (__ldcg): with ready != nullptr they come from blocks of the same launch, and the
+// block waits for *ready >= target after its first pass of weight loads is in flight.
 template <DFmt F, int KI, int ROWS>
 __device__ __forceinline__ void down_block(const MoeDownArgs& a, int vb, const unsigned* ready, unsigned target) {
   constexpr int kDownRows = ROWS;

@@ -507,9 +507,9 @@ void run_moe(const MoeCase& c, uint32_t seed) {
   dn.down = dD->d;
   dn.shared_down = dSD->d;
   dn.x = dx->as<float>();
-  DevBuf mc(8);
-  KCUDA(cudaMemset(mc.p, 0, 8));
   if (c.fused) {
+    DevBuf mc(8);
+    KCUDA(cudaMemset(mc.p, 0, 8));
     // Twice from the same residual: the second launch must find the counters reset.
     const std::vector<float> x0 = x;
     moe_experts(MoeExpertsArgs{gu, dn, mc.as<unsigned>()}, nullptr);
@@ -522,7 +522,8 @@ void run_moe(const MoeCase& c, uint32_t seed) {
     moe_down(dn, nullptr);
   }
   const std::string wh = fmt::format("moe E={} k={} {} router {}{}", c.E, c.topk, wformat_name(c.f),
-                                     wformat_name(c.fr), c.fused ? " fused" : "");
+                                     wformat_name(c.fr),
+                                     c.fused ? " fused" : c.route_kernel ? " route kernel" : "");
   std::vector<float> got = to_host<float>(*dx, size_t(H));
   std::vector<float> dgot(static_cast<size_t>(H)), dwant(static_cast<size_t>(H));
   for (int64_t i = 0; i < H; ++i) {

@@ -362,11 +362,10 @@ int main() {
       hx[size_t(k)] = std::sin(0.37f * k) * 2.f;
       hn[size_t(k)] = 0.9f + 0.2f * std::cos(0.11f * k);
     }
-    float *x, *nw, *y, *yref;
+    float *x, *nw, *y;
     CK(cudaMalloc(&x, sh.K * 4));
     CK(cudaMalloc(&nw, sh.K * 4));
     CK(cudaMalloc(&y, sh.N * 4));
-    CK(cudaMalloc(&yref, sh.N * 4));
     CK(cudaMemcpy(x, hx.data(), sh.K * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(nw, hn.data(), sh.K * 4, cudaMemcpyHostToDevice));
     std::printf("%s\n    \"%s\": {\"N\": %lld, \"K\": %d, \"bytes\": %zu, \"copies\": %zu, \"variants\": {", first_shape ? "" : ",",
@@ -411,7 +410,6 @@ int main() {
     CK(cudaFree(x));
     CK(cudaFree(nw));
     CK(cudaFree(y));
-    CK(cudaFree(yref));
   }
   std::printf("\n  },\n  \"production\": {");
   production(s);
