@@ -124,8 +124,8 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
   # ---- 3. compute-sanitizer
   if [ "$SANITIZE" = 1 ]; then
     T0=$(date +%s)
-    timeout 110 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
-      "$BIN/test_cuda" --gtest_filter='CudaGemv.FusedSegments*:CudaGemv.RejectsBadShapes:CudaGdn.Decode*:CudaBackend.MatchesCpuBackendQ4:CudaBackend.MatchesCpuBackendQ4MoeFused:PrefillOps.*' \
+    timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+      "$BIN/test_cuda" --gtest_filter='CudaGemv.FusedSegments*:CudaGemv.RejectsBadShapes:CudaGdn.Decode*:CudaBackend.MatchesCpuBackendQ4:CudaBackend.MatchesCpuBackendQ4MoeFused:CudaBackend.MatchesCpuBackendQ4RouteGateUp:PrefillOps.*' \
       > "$W/sanitizer.log" 2>&1
     note "compute-sanitizer memcheck: rc=$? in $(( $(date +%s) - T0 )) s"
     grep -E "ERROR SUMMARY|========= (Invalid|Error)" "$W/sanitizer.log" | head -10 | tee -a "$SUMMARY"
@@ -137,11 +137,11 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
     T0=$(date +%s)
     [ -x "$BIN/kestrel" ] || note "bench: no kestrel binary"
     timeout 100 "$BIN/kestrel" bench --synthetic q4 --contexts 0,4096,32768,131072 --steps 128 --gemv 1 --pdl off \
-      --moe both --route both --out "$W/results" > "$W/bench_q4.log" 2>&1
+      --moe split --route all --route-algo both --out "$W/results" > "$W/bench_q4.log" 2>&1
     note "bench q4: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_q4.log" | tee -a "$SUMMARY"
     T0=$(date +%s)
     timeout 80 "$BIN/kestrel" bench --synthetic bf16 --contexts 0,4096 --steps 128 --gemv 2 --pdl off \
-      --moe both --route both --out "$W/results" > "$W/bench_bf16.log" 2>&1
+      --moe split --route all --route-algo both --out "$W/results" > "$W/bench_bf16.log" 2>&1
     note "bench bf16: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_bf16.log" | tee -a "$SUMMARY"
     # The dependency-primitive micro-benchmark (kernel boundary vs in-kernel publish/wait).
     T0=$(date +%s)
@@ -160,6 +160,8 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
            tools/device/$p.cu -o build-gpu/$p > "$W/${p}_build.log" 2>&1; then
         timeout 120 build-gpu/$p > "$W/results/$p.json" 2> "$W/$p.err"
         note "$p: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/results/$p.json" | tee -a "$SUMMARY"
+        # The probes' machine code (the decode kernels compiled into them), for reading offline.
+        command -v cuobjdump > /dev/null && cuobjdump -sass build-gpu/$p 2> /dev/null | gzip > "$W/$p.sass.gz"
       else
         note "$p: build FAILED"; tail -5 "$W/${p}_build.log" | tee -a "$SUMMARY"
       fi

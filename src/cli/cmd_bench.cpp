@@ -1,6 +1,7 @@
 // kestrel bench: batch-1 decode speed on the GPU, written as JSON records under bench/results/.
 //   kestrel bench --synthetic q4|bf16 [--contexts 0,4096,32768,131072] [--steps 64] [--warmup 16]
 //   kestrel bench --model DIR [...]           (a real checkpoint on --device cuda)
+// Route switches: --gemv, --pdl, --moe, --route, --route-algo (one record per combination).
 // Each record: kind=decode, weights, context, tok_per_s (from the median step time of >= 64 graph
 // replays after warm-up), achieved_gb_per_s (bytes the step must move / median step time),
 // floor_tok_per_s at 4.0 TB/s and the fraction reached, gpu, git_sha, date.
@@ -22,6 +23,7 @@
 #include "cuda/prefill_step.h"
 
 #include <cuda_runtime.h>
+#include <fmt/ranges.h>
 #endif
 
 #include <nlohmann/json.hpp>
@@ -52,7 +54,8 @@ struct BenchOpts {
   uint64_t seed = 1;
   std::string pdl = "off";  // programmatic dependent launch: off (the default route) | on | both
   std::string moe = "split";  // MoE experts route: split | fused | both
-  std::string route = "tail";  // MoE routing: tail (of the router GEMV) | kernel | both
+  std::string route = "tail";  // MoE routing place(s): tail (of the router GEMV), kernel, gate_up; a comma list or all
+  std::string route_algo = "warp";  // MoE routing algorithm(s): warp, block; a comma list or both
   std::string gemv = "1";    // GEMV route for M = 1: 1 | 2 | both
   std::string prefill;       // prompt lengths: run the prefill benchmark instead of decode
   int prefill_runs = 3;      // timed runs per prompt of <= 8192 tokens (one for longer)
@@ -281,32 +284,53 @@ void run_bench(const BenchOpts& o) {
   std::vector<bool> moe_modes;
   if (o.moe != "split") moe_modes.push_back(true);
   if (o.moe != "fused") moe_modes.push_back(false);
-  KESTREL_CHECK(o.route == "tail" || o.route == "kernel" || o.route == "both", "--route {} (tail, kernel or both)",
-                o.route);
-  std::vector<bool> route_modes;  // true: the routing kernel
-  if (o.route != "kernel") route_modes.push_back(false);
-  if (o.route != "tail") route_modes.push_back(true);
+  // A comma list of names (or `every`) -> the chosen indices in the order given.
+  auto choose = [](const std::string& list, const char* flag, const char* every,
+                   const std::vector<std::string>& names) {
+    std::vector<int> v;
+    if (list == every)
+      for (size_t i = 0; i < names.size(); ++i) v.push_back(int(i));
+    std::stringstream ss(list == every ? std::string() : list);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      const auto it = std::find(names.begin(), names.end(), item);
+      KESTREL_CHECK(it != names.end(), "{} {}: '{}' is not one of {} (or {})", flag, list, item,
+                    fmt::join(names, ", "), every);
+      v.push_back(int(it - names.begin()));
+    }
+    KESTREL_CHECK(!v.empty(), "{}: no values given", flag);
+    return v;
+  };
+  // Indices are the RoutePlace / RouteAlgo values.
+  const std::vector<int> route_places = choose(o.route, "--route", "all", {"tail", "kernel", "gate_up"});
+  const std::vector<int> route_algos = choose(o.route_algo, "--route-algo", "both", {"warp", "block"});
   nlohmann::json records = nlohmann::json::array();
-  std::printf("%-8s %4s %4s %5s %6s %9s %10s %10s %11s %10s %8s\n", "weights", "gemv", "pdl", "moe", "route",
-              "context", "step_ms", "tok/s", "GB/s", "floor", "of floor");
+  std::printf("%-8s %4s %4s %5s %7s %5s %9s %10s %10s %11s %10s %8s\n", "weights", "gemv", "pdl", "moe", "route",
+              "algo", "context", "step_ms", "tok/s", "GB/s", "floor", "of floor");
   struct Mode {
     int gemv;
     bool pdl;
     bool moe_fused;
-    bool route_kernel;
+    cuda::RoutePlace place;
+    cuda::RouteAlgo algo;
   };
   std::vector<Mode> modes;
   for (int g : gemv_modes)
     for (bool p : pdl_modes)
       for (bool f : moe_modes)
-        for (bool r : route_modes) modes.push_back({g, p, f, r});
+        for (int r : route_places)
+          for (int al : route_algos)
+            if (!(f && r == int(cuda::RoutePlace::GateUp)))  // the fused launch routes before it
+              modes.push_back({g, p, f, cuda::RoutePlace(r), cuda::RouteAlgo(al)});
+  KESTREL_CHECK(!modes.empty(), "bench: no decode configuration to run (--moe fused routes by tail or kernel only)");
   for (int64_t ctx : contexts)
   for (const Mode& md : modes) {
     const bool pdl = md.pdl;
     cuda::set_pdl_enabled(pdl);  // both read when the sequence's graph is captured
     cuda::set_gemv_version(md.gemv);
     cuda::set_moe_fused_enabled(md.moe_fused);
-    cuda::set_moe_route_kernel_enabled(md.route_kernel);
+    cuda::set_moe_route_place(md.place);
+    cuda::set_moe_route_algo(md.algo);
     const SeqId s = b->create_sequence(std::max<int64_t>(ctx + o.warmup + o.steps + 1, 64));
     if (ctx > 0) cuda::set_synthetic_context(*b, s, ctx, o.seed + uint64_t(ctx));
     auto t = cuda::time_decode_steps(*b, s, 1, o.warmup, o.steps);
@@ -314,9 +338,9 @@ void run_bench(const BenchOpts& o) {
     const double med = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
     const double bytes = cuda::decode_step_bytes(*b, ctx);
     const double tps = 1.0 / med, gbs = bytes / med / 1e9, floor = kBandwidth / bytes;
-    std::printf("%-8s %4d %4s %5s %6s %9lld %10.4f %10.1f %11.1f %10.1f %7.1f%%\n", weights.c_str(),
-                md.gemv, pdl ? "on" : "off", md.moe_fused ? "fused" : "split", md.route_kernel ? "kernel" : "tail",
-                (long long)ctx,
+    std::printf("%-8s %4d %4s %5s %7s %5s %9lld %10.4f %10.1f %11.1f %10.1f %7.1f%%\n", weights.c_str(),
+                md.gemv, pdl ? "on" : "off", md.moe_fused ? "fused" : "split", cuda::route_place_name(md.place),
+                cuda::route_algo_name(md.algo), (long long)ctx,
                 med * 1e3, tps, gbs, floor, 100.0 * tps / floor);
     std::fflush(stdout);
     records.push_back({{"kind", "decode"},
@@ -336,7 +360,8 @@ void run_bench(const BenchOpts& o) {
                        {"pdl", pdl},
                        {"gemv_route", md.gemv},
                        {"moe_route", md.moe_fused ? "fused" : "split"},
-                       {"routing", md.route_kernel ? "kernel" : "tail"},
+                       {"routing", cuda::route_place_name(md.place)},
+                       {"routing_algo", cuda::route_algo_name(md.algo)},
                        {"gpu", gpu},
                        {"git_sha", sha},
                        {"date", date}});
@@ -367,7 +392,10 @@ void setup_bench(CLI::App& root) {
   c->add_option("--seed", o->seed, "Synthetic weights seed");
   c->add_option("--pdl", o->pdl, "Programmatic dependent launch: on, off or both (one record each)");
   c->add_option("--route", o->route,
-                "MoE routing: tail (last block of the router GEMV), kernel (its own launch), or both");
+                "MoE routing place: tail (last block of the router GEMV), kernel (its own launch), gate_up "
+                "(every block of moe_gate_up routes for itself); a comma list or all (one record each)");
+  c->add_option("--route-algo", o->route_algo,
+                "MoE routing algorithm: warp (one warp) or block (256 threads); a comma list or both");
   c->add_option("--moe", o->moe,
                 "MoE experts route: fused (gate/up and down in one launch), split, or both (one record each)");
   c->add_option("--gemv", o->gemv, "GEMV route for M = 1: 1, 2 or both (one record each)");

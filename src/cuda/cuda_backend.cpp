@@ -800,13 +800,17 @@ class CudaBackend final : public Backend {
     g.seg[2] = GemvSeg{d.sh_gate, Epilogue::Store, sc_.sg, d.sh_gate.rows, nullptr, nullptr, nullptr};
     g.seg[3] = GemvSeg{d.sh_up, Epilogue::Store, sc_.su, d.sh_up.rows, nullptr, nullptr, nullptr};
     g.nseg = 4;
-    if (moe_route_kernel_enabled()) {  // read when the step is recorded
-      gemv(g, s_);
-      decode_route(DecodeRouteArgs{sc_.rl, c.num_experts, c.num_experts_per_tok, sc_.ti, sc_.tw}, s_);
-    } else {
-      g.route = RouteTail{sc_.rl, c.num_experts, c.num_experts_per_tok, sc_.ti, sc_.tw, sc_.route_counter};
-      gemv(g, s_);
-    }
+    // Routing route and algorithm: read when the step is recorded.
+    const RoutePlace place = moe_route_place();
+    const RouteAlgo algo = moe_route_algo();
+    const bool fused = moe_fused_enabled();
+    KESTREL_CHECK(!(fused && place == RoutePlace::GateUp),
+                  "KESTREL_MOE_FUSED=1 needs the routing before the experts (KESTREL_MOE_ROUTING=0 or 1)");
+    if (place == RoutePlace::Tail)
+      g.route = RouteTail{sc_.rl, c.num_experts, c.num_experts_per_tok, sc_.ti, sc_.tw, sc_.route_counter, algo};
+    gemv(g, s_);
+    if (place == RoutePlace::Kernel)
+      decode_route(DecodeRouteArgs{sc_.rl, c.num_experts, c.num_experts_per_tok, sc_.ti, sc_.tw, algo}, s_);
     MoeGateUpArgs gu;
     gu.E = c.num_experts;
     gu.topk = c.num_experts_per_tok;
@@ -817,6 +821,12 @@ class CudaBackend final : public Backend {
     gu.up = d.up;
     gu.topk_idx = sc_.ti;
     gu.act = sc_.act;
+    if (place == RoutePlace::GateUp) {
+      gu.logits = sc_.rl;
+      gu.algo = algo;
+      gu.route_idx = sc_.ti;
+      gu.route_w = sc_.tw;
+    }
     MoeDownArgs dn;
     dn.topk = c.num_experts_per_tok;
     dn.hidden = H;
@@ -831,7 +841,7 @@ class CudaBackend final : public Backend {
     dn.down = d.down;
     dn.shared_down = d.sh_down;
     dn.x = sc_.x;
-    if (moe_fused_enabled()) {  // read when the step is recorded
+    if (fused) {
       moe_experts(MoeExpertsArgs{gu, dn, sc_.moe_counters}, s_);
     } else {
       moe_gate_up(gu, s_);

@@ -123,14 +123,18 @@ __device__ __forceinline__ void route_tail(const RouteTail& r) {
   __syncthreads();
   if (!last) return;
   __threadfence();
-  if (threadIdx.x < 32) moe_route_warp(r.logits, r.E, r.topk, r.idx, r.w);
+  moe_route_any(r.algo, r.logits, r.E, r.topk, r.idx, r.w);
   if (threadIdx.x == 0) *r.counter = 0u;
 }
 
-__global__ void __launch_bounds__(32) decode_route_kernel(const __grid_constant__ DecodeRouteArgs a) {
+// One warp (RouteAlgo::Warp) or one block of kRouteBlockThreads.
+__global__ void __launch_bounds__(kRouteBlockThreads) decode_route_kernel(const __grid_constant__ DecodeRouteArgs a) {
   pdl_launch_dependents();
   pdl_wait();
-  moe_route_warp(a.logits, a.E, a.topk, a.idx, a.w);
+  if (a.algo == RouteAlgo::Block)
+    moe_route_block(a.logits, a.E, a.topk, a.idx, a.w);
+  else
+    moe_route_warp(a.logits, a.E, a.topk, a.idx, a.w);
 }
 
 template <int K, int MM>
@@ -476,7 +480,7 @@ void gemv_init() {
 }
 
 void decode_route_launch(const DecodeRouteArgs& a, cudaStream_t s) {
-  launch_pdl(decode_route_kernel, dim3(1), dim3(32), 0, s, a);
+  launch_pdl(decode_route_kernel, dim3(1), dim3(a.algo == RouteAlgo::Block ? kRouteBlockThreads : 32), 0, s, a);
 }
 
 void gemv_launch(const GemvArgs& a, int64_t total, cudaStream_t s) {

@@ -77,9 +77,26 @@ struct GemvSeg {
   int64_t argmax_rows = 0;  // Logits: rows >= this are left out of the argmax (0 = all rows)
 };
 
+// How one token's MoE routing (softmax + top-k + renormalise over the E router logits) is
+// computed: by one warp (k rounds of a warp max) or by a block of 256 threads (one expert per
+// thread, ranks by counting). Same selection (ties to the lower expert, NaN last); the weights
+// differ only by the softmax sum's order.
+enum class RouteAlgo : int { Warp = 0, Block = 1 };
+// Where the decode step routes: in the last block of the router GEMV (Tail), as a launch of its
+// own after it (Kernel), or in every block of moe_gate_up, which needs the selection first
+// (GateUp: no extra launch and no serial tail; block 0 writes the selection for moe_down).
+enum class RoutePlace : int { Tail = 0, Kernel = 1, GateUp = 2 };
+// KESTREL_MOE_ROUTING=0|1|2 (place) and KESTREL_MOE_ROUTE_ALGO=0|1; read when the step is recorded.
+RoutePlace moe_route_place();
+void set_moe_route_place(RoutePlace p);
+RouteAlgo moe_route_algo();
+void set_moe_route_algo(RouteAlgo a);
+const char* route_place_name(RoutePlace p);
+const char* route_algo_name(RouteAlgo a);
+
 // MoE routing fused into the end of the GEMV that computes the router logits: the last block of
-// the launch to finish runs softmax + top-k + renormalise over logits[0..E) (one warp) and
-// writes idx/w (selected experts in ascending order, as the CPU oracle accumulates them).
+// the launch to finish runs the routing over logits[0..E) and writes idx/w (selected experts in
+// ascending order, as the CPU oracle accumulates them).
 // counter: a device word that is zero before the launch; the last block resets it.
 struct RouteTail {
   const float* logits = nullptr;  // null: no routing
@@ -87,20 +104,18 @@ struct RouteTail {
   int* idx = nullptr;             // [topk]
   float* w = nullptr;             // [topk]
   unsigned* counter = nullptr;
+  RouteAlgo algo = RouteAlgo::Warp;
 };
 
-// The same routing as a launch of its own (one warp) after a router GEMV without RouteTail: the
-// decode step's route when moe_route_kernel_enabled() (KESTREL_MOE_ROUTE_KERNEL=1; default off
-// until measured against the tail).
+// The same routing as a launch of its own after a router GEMV without RouteTail (RoutePlace::Kernel).
 struct DecodeRouteArgs {
   const float* logits = nullptr;  // [E], written by an earlier launch
   int E = 0, topk = 0;
   int* idx = nullptr;             // [topk], ascending experts
   float* w = nullptr;             // [topk]
+  RouteAlgo algo = RouteAlgo::Warp;
 };
 void decode_route(const DecodeRouteArgs& a, cudaStream_t s);
-bool moe_route_kernel_enabled();
-void set_moe_route_kernel_enabled(bool on);
 
 struct GemvArgs {
   int M = 1;
@@ -185,6 +200,12 @@ struct MoeGateUpArgs {
   DMat gate, up;
   const int* topk_idx = nullptr;  // [topk]
   float* act = nullptr;           // fp32 [topk, I]
+  // RoutePlace::GateUp: non-null logits [E] make every block route for itself (topk_idx unread);
+  // block 0 writes the selection to route_idx / route_w for moe_down.
+  const float* logits = nullptr;
+  RouteAlgo algo = RouteAlgo::Warp;
+  int* route_idx = nullptr;       // [topk]
+  float* route_w = nullptr;       // [topk]
 };
 void moe_gate_up(const MoeGateUpArgs& a, cudaStream_t s);
 // moe_down: x[r] += sum_k w_k (down_{e_k} act_k)[r] + sigmoid(*sgate) (shared_down sact)[r],

@@ -41,8 +41,12 @@ int& moe_fused_flag() {
   static int f = env_choice("KESTREL_MOE_FUSED", {0, 1}, 0);
   return f;
 }
-int& moe_route_flag() {
-  static int f = env_choice("KESTREL_MOE_ROUTE_KERNEL", {0, 1}, 0);
+int& moe_route_place_flag() {
+  static int f = env_choice("KESTREL_MOE_ROUTING", {0, 1, 2}, 0);
+  return f;
+}
+int& moe_route_algo_flag() {
+  static int f = env_choice("KESTREL_MOE_ROUTE_ALGO", {0, 1}, 0);
   return f;
 }
 // The sizes moe_route_warp (moe_route.cuh) handles, for the routing tail and the routing kernel.
@@ -144,6 +148,7 @@ void gemv(const GemvArgs& a, cudaStream_t s) {
     const RouteTail& r = a.route;
     check_routing(r.E, r.topk, "gemv route");
     KESTREL_CHECK(r.idx && r.w && r.counter, "gemv route: null output or counter");
+    KESTREL_CHECK(int(r.algo) == 0 || int(r.algo) == 1, "gemv route: routing algorithm {}", int(r.algo));
     bool produced = false;  // the logits must be one of this launch's outputs
     for (int i = 0; i < a.nseg; ++i)
       produced |= a.seg[i].y == r.logits && a.seg[i].w.rows >= r.E && a.seg[i].epi == Epilogue::Store;
@@ -189,7 +194,9 @@ void check_gate_up(const MoeGateUpArgs& a) {
                     a.gate.rows == int64_t(a.E) * a.I && a.up.rows == a.gate.rows &&
                     a.gate.cols == a.hidden && a.up.cols == a.hidden,
                 "moe_gate_up: stacked gate/up must be [E*I, hidden] of one format");
-  KESTREL_CHECK(a.h && a.topk_idx && a.act, "moe_gate_up: null pointer");
+  KESTREL_CHECK(a.h && a.act && (a.logits ? a.route_idx && a.route_w : a.topk_idx != nullptr),
+                "moe_gate_up: null pointer");
+  KESTREL_CHECK(int(a.algo) == 0 || int(a.algo) == 1, "moe_gate_up: routing algorithm {}", int(a.algo));
   KESTREL_CHECK(reinterpret_cast<uintptr_t>(a.h) % 16 == 0, "moe_gate_up: h not 16-byte aligned");
 }
 void check_down(const MoeDownArgs& a) {
@@ -216,12 +223,25 @@ void check_down(const MoeDownArgs& a) {
 
 bool moe_fused_enabled() { return moe_fused_flag() != 0; }
 void set_moe_fused_enabled(bool on) { moe_fused_flag() = on ? 1 : 0; }
-bool moe_route_kernel_enabled() { return moe_route_flag() != 0; }
-void set_moe_route_kernel_enabled(bool on) { moe_route_flag() = on ? 1 : 0; }
+RoutePlace moe_route_place() { return RoutePlace(moe_route_place_flag()); }
+void set_moe_route_place(RoutePlace p) {
+  KESTREL_CHECK(int(p) >= 0 && int(p) <= 2, "routing place {}", int(p));
+  moe_route_place_flag() = int(p);
+}
+RouteAlgo moe_route_algo() { return RouteAlgo(moe_route_algo_flag()); }
+void set_moe_route_algo(RouteAlgo a) {
+  KESTREL_CHECK(int(a) == 0 || int(a) == 1, "routing algorithm {}", int(a));
+  moe_route_algo_flag() = int(a);
+}
+const char* route_place_name(RoutePlace p) {
+  return p == RoutePlace::Tail ? "tail" : p == RoutePlace::Kernel ? "kernel" : "gate_up";
+}
+const char* route_algo_name(RouteAlgo a) { return a == RouteAlgo::Block ? "block" : "warp"; }
 
 void decode_route(const DecodeRouteArgs& a, cudaStream_t s) {
   check_routing(a.E, a.topk, "decode_route");
   KESTREL_CHECK(a.logits && a.idx && a.w, "decode_route: null pointer");
+  KESTREL_CHECK(int(a.algo) == 0 || int(a.algo) == 1, "decode_route: routing algorithm {}", int(a.algo));
   decode_route_launch(a, s);
 }
 
@@ -236,6 +256,8 @@ void moe_down(const MoeDownArgs& a, cudaStream_t s) {
 }
 
 void moe_experts(const MoeExpertsArgs& a, cudaStream_t s) {
+  KESTREL_CHECK(a.gu.logits == nullptr,
+                "moe_experts: the fused launch routes before it (tail or kernel), not in its gate/up blocks");
   check_gate_up(a.gu);
   check_down(a.dn);
   KESTREL_CHECK(a.counters != nullptr, "moe_experts: null counters");

@@ -11,6 +11,7 @@
 //     kernel boundary).
 // The router, shared-expert gate/up and sigmoid gate logits come from that fused GEMV before.
 #include "cuda/gemv_core.cuh"
+#include "cuda/moe_route.cuh"
 
 namespace kestrel::cuda {
 
@@ -42,6 +43,19 @@ __device__ __forceinline__ void gate_up_block(const MoeGateUpArgs& a, int vb) {
   float* xs = reinterpret_cast<float*>(xs4);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const float4 h0 = ld4(a.h + 4 * tid), h1 = ld4(a.h + 4 * (tid + 256));
+  // RoutePlace::GateUp: this block routes for itself (every block the same selection).
+  __shared__ int sidx[kMaxK];
+  __shared__ float sw[kMaxK];
+  const int* topk_idx = a.topk_idx;
+  if (a.logits != nullptr) {
+    moe_route_any(a.algo, a.logits, int(a.E), a.topk, sidx, sw);
+    __syncthreads();
+    if (vb == 0 && tid < a.topk) {
+      a.route_idx[tid] = sidx[tid];
+      a.route_w[tid] = sw[tid];
+    }
+    topk_idx = sidx;
+  }
   const int64_t ntask = int64_t(a.topk) * a.I;
   const int64_t t0 = (int64_t(vb) * 8 + warp) * TW;
   const DMat* w[2 * TW];
@@ -55,7 +69,7 @@ __device__ __forceinline__ void gate_up_block(const MoeGateUpArgs& a, int vb) {
       // 32-bit division (tasks <= 16 * I): the 64-bit one is a ~70-instruction call ahead of the
       // topk_idx load that every weight load waits on.
       const int slot = int(t) / int(a.I);
-      const int64_t row = int64_t(a.topk_idx[slot]) * a.I + (int(t) - slot * int(a.I));
+      const int64_t row = int64_t(topk_idx[slot]) * a.I + (int(t) - slot * int(a.I));
       w[2 * j] = &a.gate;
       w[2 * j + 1] = &a.up;
       rows[2 * j] = rows[2 * j + 1] = row;

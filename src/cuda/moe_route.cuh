@@ -1,7 +1,10 @@
 // MoE routing of one token by one warp (model-spec §3.6): fp32 softmax over the E router logits,
 // top-k (largest first, the lower expert index on ties, as the CPU oracle), renormalised weights;
 // the k selections are written in ascending expert order (the reference's accumulation order).
-// Used by the decode router GEMV's RouteTail (gemv.cu).
+// Two versions with the same selection (ties and NaN included) and the same weights up to the
+// softmax sum's order: moe_route_warp (one warp) and moe_route_block (256 threads, one expert per
+// thread, ranks by counting). Used by the decode router GEMV's RouteTail and the routing kernel
+// (gemv.cu) and by moe_gate_up when it routes for itself (moe.cu).
 //
 // It runs as the serial tail of a launch, so it is built for latency: lane l holds the P =
 // ceil(E/32) consecutive experts l*P.. (a lower lane holds lower indices, so "lowest lane among
@@ -94,6 +97,96 @@ __device__ __forceinline__ void moe_route_warp(const float* logits, int E, int t
       w_out[before] = p[i] / top;
       ++before;
     }
+}
+
+// Routing by the 256 threads of a block (thread t: experts t and t + 256): block max and sum,
+// then each expert's rank = the number of experts ahead of it (greater key, or an equal key and a
+// lower index), counted over all E keys in shared memory (every thread reads the same word:
+// broadcast). The k experts of rank < k are the selection; their weights are summed in rank
+// order (the oracle's selection order) and written in ascending expert order. Call with every
+// thread of a 256-thread block (barriers); idx_out / w_out may be shared or global memory.
+constexpr int kRouteBlockThreads = 256;
+__device__ __forceinline__ void moe_route_block(const float* logits, int E, int topk, int* idx_out,
+                                                float* w_out) {
+  constexpr int kPer = kRouteMaxE / kRouteBlockThreads;
+  __shared__ __align__(16) uint32_t keys[kRouteMaxE];
+  __shared__ float red[2][kRouteBlockThreads / 32];
+  __shared__ float sel_p[kRouteMaxK];
+  __shared__ int sel_e[kRouteMaxK];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  float p[kPer];
+  float lmx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = tid + i * kRouteBlockThreads;
+    p[i] = e < E ? __ldcg(logits + e) : -INFINITY;
+    lmx = fmaxf(lmx, p[i]);
+  }
+  lmx = ord2f(__reduce_max_sync(0xffffffffu, f2ord(lmx)));
+  if (lane == 0) red[0][warp] = lmx;
+  __syncthreads();
+  float mx = red[0][0];
+#pragma unroll
+  for (int w = 1; w < kRouteBlockThreads / 32; ++w) mx = fmaxf(mx, red[0][w]);
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    p[i] = tid + i * kRouteBlockThreads < E ? expf(p[i] - mx) : 0.f;
+    s += p[i];
+  }
+  s = warp_sum(s);
+  if (lane == 0) red[1][warp] = s;
+  __syncthreads();
+  float sum = 0.f;
+#pragma unroll
+  for (int w = 0; w < kRouteBlockThreads / 32; ++w) sum += red[1][w];
+  uint32_t key[kPer];
+  const int E4 = (E + 3) & ~3;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = tid + i * kRouteBlockThreads;
+    p[i] /= sum;
+    key[i] = e >= E ? 0u : p[i] == p[i] ? __float_as_uint(p[i]) + 2u : 1u;
+    if (e < E4) keys[e] = key[i];  // padding up to a multiple of 4 keeps key 0
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = tid + i * kRouteBlockThreads;
+    if (i * kRouteBlockThreads >= E) break;  // block-uniform
+    const uint32_t ke = key[i];
+    int ahead = 0;
+    for (int j = 0; j < E4; j += 4) {
+      const uint4 k4 = *reinterpret_cast<const uint4*>(keys + j);
+      ahead += (k4.x > ke) | ((k4.x == ke) & (j + 0 < e));
+      ahead += (k4.y > ke) | ((k4.y == ke) & (j + 1 < e));
+      ahead += (k4.z > ke) | ((k4.z == ke) & (j + 2 < e));
+      ahead += (k4.w > ke) | ((k4.w == ke) & (j + 3 < e));
+    }
+    if (e < E && ahead < topk) {
+      sel_p[ahead] = p[i];
+      sel_e[ahead] = e;
+    }
+  }
+  __syncthreads();
+  if (tid < topk) {
+    float top = 0.f;
+    for (int r = 0; r < topk; ++r) top += sel_p[r];
+    const int me = sel_e[tid];
+    int pos = 0;
+    for (int r = 0; r < topk; ++r) pos += sel_e[r] < me;
+    idx_out[pos] = me;
+    w_out[pos] = sel_p[tid] / top;
+  }
+}
+
+// Either version, for a block of 256 threads (all must call: the block version has barriers).
+__device__ __forceinline__ void moe_route_any(RouteAlgo algo, const float* logits, int E, int topk,
+                                              int* idx_out, float* w_out) {
+  if (algo == RouteAlgo::Block)
+    moe_route_block(logits, E, topk, idx_out, w_out);
+  else if (threadIdx.x < 32)
+    moe_route_warp(logits, E, topk, idx_out, w_out);
 }
 
 }  // namespace kestrel::cuda

@@ -224,9 +224,30 @@ TEST(CudaBackend, MatchesCpuBackendQ4MoeFused) {  // moe_experts: gate/up and do
   run_e2e_with(moe_fused_enabled, set_moe_fused_enabled, "the fused MoE launch");
 }
 
+// A routing place and algorithm (read when the sequences' graphs are captured) for one q4 run.
+void run_e2e_routing(RoutePlace p, RouteAlgo al) {
+  ASSERT_EQ(moe_route_place(), RoutePlace::Tail) << "the routing tail is the default";
+  ASSERT_EQ(moe_route_algo(), RouteAlgo::Warp) << "the warp routing is the default";
+  set_moe_route_place(p);
+  set_moe_route_algo(al);
+  run_e2e(WFormat::Q4, WFormat::Q8, 2);
+  set_moe_route_place(RoutePlace::Tail);
+  set_moe_route_algo(RouteAlgo::Warp);
+}
+
 TEST(CudaBackend, MatchesCpuBackendQ4RouteKernel) {  // the MoE routing as its own launch
   REQUIRE_GPU();
-  run_e2e_with(moe_route_kernel_enabled, set_moe_route_kernel_enabled, "the routing kernel");
+  run_e2e_routing(RoutePlace::Kernel, RouteAlgo::Warp);
+}
+
+TEST(CudaBackend, MatchesCpuBackendQ4RouteBlock) {  // the 256-thread routing in the router GEMV's tail
+  REQUIRE_GPU();
+  run_e2e_routing(RoutePlace::Tail, RouteAlgo::Block);
+}
+
+TEST(CudaBackend, MatchesCpuBackendQ4RouteGateUp) {  // every moe_gate_up block routes for itself
+  REQUIRE_GPU();
+  run_e2e_routing(RoutePlace::GateUp, RouteAlgo::Block);
 }
 
 TEST(CudaBackend, MatchesCpuBackendQ4GemvV2) {

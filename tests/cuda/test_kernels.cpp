@@ -414,7 +414,8 @@ struct MoeCase {
   int E, topk;
   WFormat f, fr;  // experts / router format
   bool fused = false;  // moe_experts (one launch) instead of moe_gate_up + moe_down
-  bool route_kernel = false;  // the routing as its own launch instead of the router GEMV's tail
+  RoutePlace place = RoutePlace::Tail;  // where the routing runs
+  RouteAlgo algo = RouteAlgo::Warp;
 };
 
 void run_moe(const MoeCase& c, uint32_t seed) {
@@ -472,15 +473,16 @@ void run_moe(const MoeCase& c, uint32_t seed) {
   a.nseg = 4;
   DevBuf counter(4);
   KCUDA(cudaMemset(counter.p, 0, 4));
-  if (!c.route_kernel)
-    a.route = RouteTail{dl->as<float>(), c.E, c.topk, ti.as<int>(), tw.as<float>(), counter.as<unsigned>()};
+  if (c.place == RoutePlace::Tail)
+    a.route = RouteTail{dl->as<float>(), c.E, c.topk, ti.as<int>(), tw.as<float>(), counter.as<unsigned>(), c.algo};
   // Twice, the routing poisoned in between: the last block of each launch routes (the counter
-  // is left at zero for the next launch), or the route kernel after it.
+  // is left at zero for the next launch), or the route kernel after it (or moe_gate_up, below).
   for (int rep = 0; rep < 2; ++rep) {
     KCUDA(cudaMemset(ti.p, 0xff, 64));
     KCUDA(cudaMemset(tw.p, 0xff, 64));
     gemv(a, nullptr);
-    if (c.route_kernel) decode_route(DecodeRouteArgs{dl->as<float>(), c.E, c.topk, ti.as<int>(), tw.as<float>()}, nullptr);
+    if (c.place == RoutePlace::Kernel)
+      decode_route(DecodeRouteArgs{dl->as<float>(), c.E, c.topk, ti.as<int>(), tw.as<float>(), c.algo}, nullptr);
   }
   EXPECT_EQ(to_host<unsigned>(counter, 1)[0], 0u) << "route counter not reset";
   MoeGateUpArgs gu;
@@ -493,6 +495,13 @@ void run_moe(const MoeCase& c, uint32_t seed) {
   gu.up = dU->d;
   gu.topk_idx = ti.as<int>();
   gu.act = dact->as<float>();
+  if (c.place == RoutePlace::GateUp) {  // moe_gate_up routes; the selection reaches moe_down through ti/tw
+    gu.logits = dl->as<float>();
+    gu.algo = c.algo;
+    gu.route_idx = ti.as<int>();
+    gu.route_w = tw.as<float>();
+    gu.topk_idx = nullptr;
+  }
   MoeDownArgs dn;
   dn.topk = c.topk;
   dn.hidden = H;
@@ -521,9 +530,9 @@ void run_moe(const MoeCase& c, uint32_t seed) {
     moe_gate_up(gu, nullptr);
     moe_down(dn, nullptr);
   }
-  const std::string wh = fmt::format("moe E={} k={} {} router {}{}", c.E, c.topk, wformat_name(c.f),
-                                     wformat_name(c.fr),
-                                     c.fused ? " fused" : c.route_kernel ? " route kernel" : "");
+  const std::string wh = fmt::format("moe E={} k={} {} router {}{} routing {} {}", c.E, c.topk, wformat_name(c.f),
+                                     wformat_name(c.fr), c.fused ? " fused" : "", route_place_name(c.place),
+                                     route_algo_name(c.algo));
   std::vector<float> got = to_host<float>(*dx, size_t(H));
   std::vector<float> dgot(static_cast<size_t>(H)), dwant(static_cast<size_t>(H));
   for (int64_t i = 0; i < H; ++i) {
@@ -545,8 +554,30 @@ TEST(CudaMoe, DecodeMatchesCpu) {
     run_moe({8, 2, WFormat::Q4, WFormat::Q4, fused}, seed++);
     run_moe({256, 16, WFormat::Q4, WFormat::Q8, fused}, seed++);
   }
-  run_moe({256, 8, WFormat::Q4, WFormat::Q8, false, true}, 520);
-  run_moe({16, 4, WFormat::BF16, WFormat::BF16, false, true}, 521);
+  uint32_t seed = 520;
+  for (RoutePlace p : {RoutePlace::Tail, RoutePlace::Kernel, RoutePlace::GateUp})
+    for (RouteAlgo al : {RouteAlgo::Warp, RouteAlgo::Block}) {
+      if (p == RoutePlace::Tail && al == RouteAlgo::Warp) continue;  // above
+      run_moe({256, 8, WFormat::Q4, WFormat::Q8, false, p, al}, seed++);
+      run_moe({16, 4, WFormat::BF16, WFormat::BF16, false, p, al}, seed++);
+      run_moe({8, 2, WFormat::Q4, WFormat::Q4, false, p, al}, seed++);
+    }
+}
+
+TEST(CudaMoe, FusedLaunchRejectsRoutingInGateUp) {
+  REQUIRE_GPU();
+  MoeExpertsArgs a;
+  a.gu.E = 8;
+  a.gu.topk = 2;
+  a.gu.hidden = 2048;
+  float f = 0.f;
+  a.gu.logits = &f;
+  try {
+    moe_experts(a, nullptr);
+    ADD_FAILURE() << "moe_experts accepted routing in its gate/up blocks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("routes before it"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CudaMoe, FusedLaunchRejectsMismatchedParts) {
@@ -598,7 +629,7 @@ TEST(CudaMoe, FusedLaunchRejectsMismatchedParts) {
 // The router GEMV's route tail on exact ties: router rows repeat with period 37, so equal logits
 // come in groups and the top-k must take the lower expert index first (the CPU oracle's order),
 // for expert counts that are and are not multiples of 32.
-void run_route(int E, int topk, uint32_t seed, bool kernel) {
+void run_route(int E, int topk, uint32_t seed, bool kernel, RouteAlgo algo) {
   std::mt19937 g(seed);
   const int64_t H = 2048;
   constexpr int kPeriod = 37;
@@ -626,9 +657,9 @@ void run_route(int E, int topk, uint32_t seed, bool kernel) {
   a.nseg = 1;
   if (kernel) {  // the routing as its own launch
     gemv(a, nullptr);
-    decode_route(DecodeRouteArgs{dl->as<float>(), E, topk, ti.as<int>(), tw.as<float>()}, nullptr);
+    decode_route(DecodeRouteArgs{dl->as<float>(), E, topk, ti.as<int>(), tw.as<float>(), algo}, nullptr);
   } else {
-    a.route = RouteTail{dl->as<float>(), E, topk, ti.as<int>(), tw.as<float>(), counter.as<unsigned>()};
+    a.route = RouteTail{dl->as<float>(), E, topk, ti.as<int>(), tw.as<float>(), counter.as<unsigned>(), algo};
     gemv(a, nullptr);
   }
   const auto l = to_host<float>(*dl, size_t(E));
@@ -642,7 +673,8 @@ void run_route(int E, int topk, uint32_t seed, bool kernel) {
   for (int e : want) top += std::exp(double(l[size_t(e)]) - mx);
   std::vector<float> wantw;
   for (int e : want) wantw.push_back(float(std::exp(double(l[size_t(e)]) - mx) / top));
-  const std::string wh = fmt::format("route ties E={} k={}{}", E, topk, kernel ? " (route kernel)" : "");
+  const std::string wh = fmt::format("route ties E={} k={}{} {}", E, topk, kernel ? " (route kernel)" : "",
+                                     route_algo_name(algo));
   EXPECT_EQ(to_host<int>(ti, size_t(topk)), want) << wh;
   expect_close(to_host<float>(tw, size_t(topk)), wantw, 1e-6f, 1e-5f, wh + " weights");
 }
@@ -650,13 +682,15 @@ void run_route(int E, int topk, uint32_t seed, bool kernel) {
 TEST(CudaMoe, RouteTiesTakeLowerExpert) {
   REQUIRE_GPU();
   GemvRoutes::each([] {
-    for (bool kernel : {false, true}) {
-      uint32_t seed = 600;
-      run_route(256, 8, seed++, kernel);
-      run_route(200, 8, seed++, kernel);
-      run_route(512, 16, seed++, kernel);
-      run_route(40, 4, seed++, kernel);
-    }
+    for (bool kernel : {false, true})
+      for (RouteAlgo algo : {RouteAlgo::Warp, RouteAlgo::Block}) {
+        uint32_t seed = 600;
+        run_route(256, 8, seed++, kernel, algo);
+        run_route(200, 8, seed++, kernel, algo);
+        run_route(512, 16, seed++, kernel, algo);
+        run_route(40, 4, seed++, kernel, algo);
+        run_route(3, 3, seed++, kernel, algo);
+      }
   });
 }
 

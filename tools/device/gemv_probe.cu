@@ -269,8 +269,9 @@ void production(cudaStream_t s) {
     Copies r = make_copies(257, H, size_t(200) << 20, rf);
     Copies sh = make_copies(1024, H, size_t(200) << 20);
     const size_t bytes = r.w[0].nbytes() + sh.w[0].nbytes();
-    for (int route = 1; route >= 0; --route)
+    for (int route = 2; route >= 0; --route)  // 2: the tail with the block routing, 1: with the warp routing
       for (int xout = 1; xout >= 0; --xout) {
+        if (route == 2 && !xout) continue;
         std::vector<GemvArgs> v;
         for (size_t i = 0; i < std::max(r.w.size(), sh.w.size()); ++i) {
           const DMat& rw = r.w[i % r.w.size()];
@@ -283,23 +284,39 @@ void production(cudaStream_t s) {
           g.seg[2] = GemvSeg{rows_view(sw, 0, 512), Epilogue::Store, y + 512, 512, nullptr, nullptr, nullptr};
           g.seg[3] = GemvSeg{rows_view(sw, 512, 512), Epilogue::Store, y + 1024, 512, nullptr, nullptr, nullptr};
           g.nseg = 4;
-          if (route) g.route = RouteTail{y, 256, 8, ti, tw, counter};
+          if (route) g.route = RouteTail{y, 256, 8, ti, tw, counter, route == 2 ? RouteAlgo::Block : RouteAlgo::Warp};
           v.push_back(g);
         }
-        const std::string name = std::string("router_") + (rf == DFmt::Q8 ? "q8" : "q4") + (route ? "_route" : "_noroute") +
+        const std::string name = std::string("router_") + (rf == DFmt::Q8 ? "q8" : "q4") + (route == 2 ? "_route_block" : route ? "_route" : "_noroute") +
                                  (xout ? "_xout" : "");
         run(name.c_str(), v, bytes);
         if (!route && xout) {  // the routing as its own launch after the GEMV (two launches per node)
           int64_t total = 0;
           for (int k = 0; k < v[0].nseg; ++k) total += v[0].seg[k].w.rows;
-          const double us = time_graph(s, [&](int i) {
-            gemv_launch(v[size_t(i) % v.size()], total, s);
-            decode_route_launch(DecodeRouteArgs{y, 256, 8, ti, tw}, s);
-          });
-          std::printf(",\n    \"%s_then_route_kernel\": {\"us\": %.3f, \"gb_per_s\": %.1f}", name.c_str(), us,
-                      double(bytes) / us * 1e-3);
+          for (RouteAlgo al : {RouteAlgo::Warp, RouteAlgo::Block}) {
+            const double us = time_graph(s, [&](int i) {
+              gemv_launch(v[size_t(i) % v.size()], total, s);
+              decode_route_launch(DecodeRouteArgs{y, 256, 8, ti, tw, al}, s);
+            });
+            std::printf(",\n    \"%s_then_route_%s_kernel\": {\"us\": %.3f, \"gb_per_s\": %.1f}", name.c_str(),
+                        (al == RouteAlgo::Block ? "block" : "warp"), us, double(bytes) / us * 1e-3);
+          }
         }
       }
+  }
+  {  // the routing kernel alone (logits already in memory): its own cost beyond an empty launch
+    const std::vector<float> lg = [] {
+      std::vector<float> v(256);
+      for (int e = 0; e < 256; ++e) v[size_t(e)] = float((e * 37) % 256) / 64.f - 2.f;
+      return v;
+    }();
+    CK(cudaMemcpy(y, lg.data(), 256 * 4, cudaMemcpyHostToDevice));
+    for (RouteAlgo al : {RouteAlgo::Warp, RouteAlgo::Block}) {
+      decode_route_launch(DecodeRouteArgs{y, 256, 8, ti, tw, al}, s);
+      CK(cudaStreamSynchronize(s));
+      const double us = time_graph(s, [&](int) { decode_route_launch(DecodeRouteArgs{y, 256, 8, ti, tw, al}, s); });
+      std::printf(",\n    \"route_%s_alone\": {\"us\": %.3f}", (al == RouteAlgo::Block ? "block" : "warp"), us);
+    }
   }
   {  // out projection: K = 4096, gated RMSNorm prologue, residual epilogue
     Copies c = make_copies(2048, 4096, size_t(300) << 20);
