@@ -54,9 +54,9 @@ struct BenchOpts {
   uint64_t seed = 1;
   std::string pdl = "off";  // programmatic dependent launch: off (the default route) | on | both
   std::string moe = "split";  // MoE experts route: split | fused | both
-  std::string route = "tail";  // MoE routing place(s): tail (of the router GEMV), kernel, gate_up; a comma list or all
-  std::string route_algo = "warp";  // MoE routing algorithm(s): warp, block; a comma list or both
-  std::string gemv = "1";    // GEMV route for M = 1: 1 | 2 | both
+  std::string route = "kernel";  // MoE routing place(s): tail (of the router GEMV), kernel (default), gate_up; a comma list or all
+  std::string route_algo = "block";  // MoE routing algorithm(s): warp, block (default); a comma list or both
+  std::string gemv = "1";    // GEMV route(s) for M = 1: 1, 2, 3; a comma list or all
   std::string prefill;       // prompt lengths: run the prefill benchmark instead of decode
   int prefill_runs = 3;      // timed runs per prompt of <= 8192 tokens (one for longer)
   std::string prefill_aprec = "split";  // GEMM route of fp32 activations: split | f16 | both
@@ -272,18 +272,6 @@ void run_bench(const BenchOpts& o) {
   }
 
   KESTREL_CHECK(o.pdl == "on" || o.pdl == "off" || o.pdl == "both", "--pdl {} (on, off or both)", o.pdl);
-  KESTREL_CHECK(o.gemv == "1" || o.gemv == "2" || o.gemv == "both", "--gemv {} (1, 2 or both)", o.gemv);
-  std::vector<int> gemv_modes;
-  if (o.gemv != "2") gemv_modes.push_back(1);
-  if (o.gemv != "1") gemv_modes.push_back(2);
-  std::vector<bool> pdl_modes;
-  if (o.pdl != "on") pdl_modes.push_back(false);
-  if (o.pdl != "off") pdl_modes.push_back(true);
-  KESTREL_CHECK(o.moe == "fused" || o.moe == "split" || o.moe == "both", "--moe {} (fused, split or both)",
-                o.moe);
-  std::vector<bool> moe_modes;
-  if (o.moe != "split") moe_modes.push_back(true);
-  if (o.moe != "fused") moe_modes.push_back(false);
   // A comma list of names (or `every`) -> the chosen indices in the order given.
   auto choose = [](const std::string& list, const char* flag, const char* every,
                    const std::vector<std::string>& names) {
@@ -301,6 +289,16 @@ void run_bench(const BenchOpts& o) {
     KESTREL_CHECK(!v.empty(), "{}: no values given", flag);
     return v;
   };
+  std::vector<int> gemv_modes;
+  for (int i : choose(o.gemv, "--gemv", "all", {"1", "2", "3"})) gemv_modes.push_back(i + 1);
+  std::vector<bool> pdl_modes;
+  if (o.pdl != "on") pdl_modes.push_back(false);
+  if (o.pdl != "off") pdl_modes.push_back(true);
+  KESTREL_CHECK(o.moe == "fused" || o.moe == "split" || o.moe == "both", "--moe {} (fused, split or both)",
+                o.moe);
+  std::vector<bool> moe_modes;
+  if (o.moe != "split") moe_modes.push_back(true);
+  if (o.moe != "fused") moe_modes.push_back(false);
   // Indices are the RoutePlace / RouteAlgo values.
   const std::vector<int> route_places = choose(o.route, "--route", "all", {"tail", "kernel", "gate_up"});
   const std::vector<int> route_algos = choose(o.route_algo, "--route-algo", "both", {"warp", "block"});
@@ -398,7 +396,7 @@ void setup_bench(CLI::App& root) {
                 "MoE routing algorithm: warp (one warp) or block (256 threads); a comma list or both");
   c->add_option("--moe", o->moe,
                 "MoE experts route: fused (gate/up and down in one launch), split, or both (one record each)");
-  c->add_option("--gemv", o->gemv, "GEMV route for M = 1: 1, 2 or both (one record each)");
+  c->add_option("--gemv", o->gemv, "GEMV route for M = 1: 1, 2, 3 (tensor cores, q4); a comma list or all (one record each)");
   c->add_option("--prefill", o->prefill,
                 "Comma-separated prompt lengths: benchmark prompts (prefill) instead of decode");
   c->add_option("--prefill-runs", o->prefill_runs, "Timed runs per prompt of <= 8192 tokens (median)");

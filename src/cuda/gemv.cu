@@ -5,6 +5,7 @@
 // the GDN causal conv + SiLU, and the lm_head argmax.
 #include "cuda/gemv_core.cuh"
 #include "cuda/moe_route.cuh"
+#include "cuda/prefill_mma.h"
 
 #include <algorithm>
 #include <mutex>
@@ -396,6 +397,173 @@ __global__ void __launch_bounds__(kThreads) gemv_rows_kernel(const __grid_consta
   if (a.route.logits != nullptr) route_tail(a.route);
 }
 
+// ---- v3 (M = 1, every segment q4, K = 2048 or 4096): the dot products on the tensor cores.
+// Why: the v1 dot core spends ~4 instructions per weight (unpack, fp16 -> fp32, FFMA, shared loads),
+// so a decode GEMV is bound by instruction issue, not by DRAM (lm_head: 1,881 rows per SM x ~400
+// warp instructions per row / 4 schedulers = 95 us of issue at 1.98 GHz against 115 us measured and
+// 72 us of DRAM; the stall samples show not_selected as the top reason). Here one mma.sync
+// m16n8k16 does 16 rows x 16 weights:
+// * A = the q4 codes as exact bf16 (128 + q built by a LOP3 into the mantissa, 128 subtracted
+//   exactly), B = the activation split exactly into three bf16 parts (hi + mid + lo carry its 24
+//   bits) in columns 0-2, fp32 accumulation; each 64-element group's dot then gets its scale, and
+//   bias x (the group's sum of x), as in v1.
+// * The k order inside a group is permuted (lane t of a quad holds the group's elements
+//   16t..16t+15 of its two rows, the nibbles of one word as the bf16 pairs (j, j + 4)), and the B
+//   fragments are laid out once per block in shared memory in that same order (12 lanes x 8 bytes
+//   per k-step: the other 20 lanes' B columns are zero), so that every weight load is a plain
+//   8-byte load and every B fragment one 8-byte shared load.
+// * A block (8 warps) takes 16-row tiles; warp w the w-th eighth of K (4 or 8 groups, all its
+//   loads issued at once), the 8 partial sums reduced in shared memory, the epilogues as v2.
+constexpr int kMmaTileRows = 16;
+
+template <int K>
+struct MmaSmem {
+  static constexpr int kSteps = K / 16;
+  uint2 bt[kSteps * 12];  // B fragments: [k-step][lane < 12]
+  float gsum[K / 64];     // sum of x over each 64-element group
+  float part[2][kWarps][kMmaTileRows];
+};
+
+// The bf16 pair (128 + q_j, 128 + q_{j+4}) of nibbles j, j + 4 of w (j < 4), minus 128: exact.
+__device__ __forceinline__ uint32_t q4_pair_bf16(uint32_t w, int j) {
+  uint32_t v = ((w >> (4 * j)) & 0x000f000fu) | 0x43004300u;
+  __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162*>(&v);
+  h = __hsub2(h, __floats2bfloat162_rn(128.f, 128.f));
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// Part g (0 hi, 1 mid, 2 lo) of the exact three-way bf16 split of x.
+__device__ __forceinline__ float split3(float x, int g) {
+  const float hi = __bfloat162float(__float2bfloat16_rn(x));
+  if (g == 0) return hi;
+  const float r = x - hi;
+  const float mid = __bfloat162float(__float2bfloat16_rn(r));
+  return g == 1 ? mid : r - mid;
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const __grid_constant__ GemvArgs a,
+                                                            int64_t total_rows) {
+  constexpr int NG = K / 64 / kWarps;  // groups per warp
+  constexpr int kGroups = K / 64;
+  extern __shared__ float4 smem4[];
+  float* xs = reinterpret_cast<float*>(smem4);
+  float* xsum = xs + K;
+  __shared__ float red[32];
+  __shared__ MmaSmem<K> sm;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int t = lane & 3, g = lane >> 2;
+  pdl_launch_dependents();
+  pdl_wait();
+  stage_x<K>(a, xs, xsum, red);  // ends with a barrier
+  // B fragments: k-step ks = 4 G + s of group G, lane l < 12 (part l / 4, quad position l % 4):
+  // {x[e], x[e + 4]}, {x[e + 1], x[e + 5]}, e = 64 G + 16 (l % 4) + 8 (s / 2) + 2 (s % 2).
+  const auto xat = [&](int k) { return xs[swz(k >> 2) * 4 + (k & 3)]; };
+  for (int i = tid; i < MmaSmem<K>::kSteps * 12; i += kThreads) {
+    const int ks = i / 12, l = i % 12, part = l >> 2, q = l & 3;
+    const int e = 64 * (ks >> 2) + 16 * q + 8 * ((ks & 3) >> 1) + 2 * (ks & 1);
+    sm.bt[i] = make_uint2(pf::pack_bf16(split3(xat(e), part), split3(xat(e + 4), part)),
+                          pf::pack_bf16(split3(xat(e + 1), part), split3(xat(e + 5), part)));
+  }
+  for (int G = tid; G < kGroups; G += kThreads)
+    sm.gsum[G] = (xsum[4 * G] + xsum[4 * G + 1]) + (xsum[4 * G + 2] + xsum[4 * G + 3]);
+  __syncthreads();
+
+  const int64_t ntiles = (total_rows + kMmaTileRows - 1) / kMmaTileRows;
+  const int G0 = warp * NG;
+  unsigned long long best = 0ull;
+  int buf = 0;
+  for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x, buf ^= 1) {
+    // This lane's two rows (g, g + 8 of the tile): the words of its quarter of each group, and
+    // the group scales and biases (NG consecutive bf16 each).
+    uint2 q[2][NG];
+    uint32_t scw[2][NG / 2], biw[2][NG / 2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = tile * kMmaTileRows + g + 8 * h;
+#pragma unroll
+      for (int j = 0; j < NG; ++j) q[h][j] = make_uint2(0u, 0u);
+#pragma unroll
+      for (int j = 0; j < NG / 2; ++j) scw[h][j] = biw[h][j] = 0u;
+      if (r < total_rows) {
+        int s = 0;
+        int64_t lr = r;
+        while (lr >= a.seg[s].w.rows) lr -= a.seg[s++].w.rows;
+        const DMat& w = a.seg[s].w;
+        const char* rowp = static_cast<const char*>(w.data) + size_t(lr) * (K / 2);
+#pragma unroll
+        for (int j = 0; j < NG; ++j)
+          q[h][j] = __ldg(reinterpret_cast<const uint2*>(rowp + (G0 + j) * 32 + 8 * t));
+        const uint32_t* sp = reinterpret_cast<const uint32_t*>(w.scales + size_t(lr) * kGroups + G0);
+        const uint32_t* bp = reinterpret_cast<const uint32_t*>(w.biases + size_t(lr) * kGroups + G0);
+#pragma unroll
+        for (int j = 0; j < NG / 2; ++j) {
+          scw[h][j] = __ldg(sp + j);
+          biw[h][j] = __ldg(bp + j);
+        }
+      }
+    }
+    float acc[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < NG; ++j) {
+      const int G = G0 + j;
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int st = 0; st < 4; ++st) {
+        const uint2 b = lane < 12 ? sm.bt[(4 * G + st) * 12 + lane] : make_uint2(0u, 0u);
+        const uint32_t w0 = st < 2 ? q[0][j].x : q[0][j].y, w1 = st < 2 ? q[1][j].x : q[1][j].y;
+        const int j0 = 2 * (st & 1);
+        const uint32_t A[4] = {q4_pair_bf16(w0, j0), q4_pair_bf16(w1, j0), q4_pair_bf16(w0, j0 + 1),
+                               q4_pair_bf16(w1, j0 + 1)};
+        pf::mma_bf16(c, A, b.x, b.y);
+      }
+      // Columns 0-2 (t = 0: hi, mid; t = 1: lo) hold the group's dot; the other columns are 0.
+      const float gs = t == 0 ? sm.gsum[G] : 0.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t sw = scw[h][j >> 1], bw = biw[h][j >> 1];
+        const float sc = __uint_as_float(j & 1 ? sw & 0xffff0000u : sw << 16);
+        const float bi = __uint_as_float(j & 1 ? bw & 0xffff0000u : bw << 16);
+        acc[h] += sc * (c[2 * h] + c[2 * h + 1]) + bi * gs;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) acc[h] = group_sum<4>(acc[h]);
+    if (t == 0) {
+      sm.part[buf][warp][g] = acc[0];
+      sm.part[buf][warp][g + 8] = acc[1];
+    }
+    __syncthreads();  // (the other buffer is free: the barrier of the previous tile has passed)
+    if (tid < kMmaTileRows) {
+      const int64_t r = tile * kMmaTileRows + tid;
+      if (r < total_rows) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) v += sm.part[buf][w][tid];
+        int s = 0;
+        int64_t lr = r;
+        while (lr >= a.seg[s].w.rows) lr -= a.seg[s++].w.rows;
+        epilogue1(a.seg[s], lr, v, best);
+      }
+    }
+  }
+  bool logits = false;
+  for (int s = 0; s < a.nseg; ++s)
+    if (a.seg[s].epi == Epilogue::Logits && a.seg[s].argmax != nullptr) logits = true;
+  if (logits && warp == 0) {  // the keys are in threads 0..15
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+      best = other > best ? other : best;
+    }
+    unsigned long long* dst = nullptr;
+    for (int s = 0; s < a.nseg; ++s)
+      if (a.seg[s].epi == Epilogue::Logits && a.seg[s].argmax != nullptr) dst = a.seg[s].argmax;
+    if (lane == 0 && best != 0ull) atomicMax(dst, best);
+  }
+  if (a.route.logits != nullptr) route_tail(a.route);
+}
+
 // Blocks of gemv_rows_kernel<F, K> resident at once on the whole GPU (occupancy API; first
 // called from gemv_init, outside any graph capture).
 template <DFmt F, int K>
@@ -442,9 +610,43 @@ void launch_gemv_mm(const GemvArgs& a, int64_t total, cudaStream_t s) {
   launch_pdl(gemv_kernel<K, MM>, dim3(blocks), dim3(kThreads), smem, s, a, total);
 }
 
+// Blocks of gemv_mma_kernel<K> resident at once (occupancy API; first called from gemv_init).
+template <int K>
+int mma_resident_blocks() {
+  static const int n = [] {
+    int per_sm = 0;
+    KCUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_mma_kernel<K>, kThreads,
+                                                        size_t(K) * 4 + size_t(K / 16) * 4));
+    return std::max(1, per_sm) * num_sms();
+  }();
+  return n;
+}
+
+// Route 3 takes M = 1 launches whose segments are all q4 with 8-byte aligned rows, scales and
+// biases (every decode projection of a q4 checkpoint but the router's, whose rows are q8).
+template <int K>
+bool try_launch_mma(const GemvArgs& a, int64_t total, cudaStream_t s) {
+  if constexpr (K != 2048 && K != 4096) {
+    return false;
+  } else {
+    if (a.M != 1 || gemv_version() != 3) return false;
+    for (int i = 0; i < a.nseg; ++i) {
+      const DMat& w = a.seg[i].w;
+      if (w.fmt != DFmt::Q4 || (reinterpret_cast<uintptr_t>(w.data) | reinterpret_cast<uintptr_t>(w.scales) |
+                                reinterpret_cast<uintptr_t>(w.biases)) % 8 != 0)
+        return false;
+    }
+    const int64_t tiles = (total + kMmaTileRows - 1) / kMmaTileRows;
+    const int blocks = int(std::min<int64_t>(tiles, mma_resident_blocks<K>()));
+    launch_pdl(gemv_mma_kernel<K>, dim3(blocks), dim3(kThreads), size_t(K) * 4 + size_t(K / 16) * 4, s, a, total);
+    return true;
+  }
+}
+
 // Decode (M = 1) gets its own instantiation: the M <= 8 one holds 8 accumulators per lane.
 template <int K>
 void launch_gemv(const GemvArgs& a, int64_t total, cudaStream_t s) {
+  if (try_launch_mma<K>(a, total, s)) return;
   if (try_launch_rows<K>(a, total, s)) return;
   if (a.M == 1)
     launch_gemv_mm<K, 1>(a, total, s);
@@ -476,6 +678,8 @@ void gemv_init() {
     (void)resident_blocks<DFmt::BF16, 4096>();
     (void)resident_blocks<DFmt::Q8, 4096>();
     (void)resident_blocks<DFmt::Q4, 4096>();
+    (void)mma_resident_blocks<2048>();
+    (void)mma_resident_blocks<4096>();
   });
 }
 

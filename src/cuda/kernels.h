@@ -26,7 +26,9 @@ void set_pdl_enabled(bool on);
 
 // GEMV route for M = 1 with one weight format per launch: 1 = one row per warp (measured default),
 // 2 = several rows per warp with the first weight loads issued before the activation staging
-// (KESTREL_GEMV=2 selects it). Read when kernels are launched or captured.
+// (KESTREL_GEMV=2 selects it), 3 = the dot products on the tensor cores for launches whose
+// segments are all q4 (gemv.cu; the others take route 1) (KESTREL_GEMV=3). Read when kernels are
+// launched or captured.
 int gemv_version();
 void set_gemv_version(int v);
 
@@ -87,6 +89,8 @@ enum class RouteAlgo : int { Warp = 0, Block = 1 };
 // (GateUp: no extra launch and no serial tail; block 0 writes the selection for moe_down).
 enum class RoutePlace : int { Tail = 0, Kernel = 1, GateUp = 2 };
 // KESTREL_MOE_ROUTING=0|1|2 (place) and KESTREL_MOE_ROUTE_ALGO=0|1; read when the step is recorded.
+// Defaults: Kernel + Block, measured fastest of the six on the H200 (d4a7e1e, bench/NOTES.md v9:
+// q4 ctx 0 447.0 tok/s against 431.8 for the former Tail + Warp; bf16 359.9 against 349.1).
 RoutePlace moe_route_place();
 void set_moe_route_place(RoutePlace p);
 RouteAlgo moe_route_algo();
@@ -104,7 +108,7 @@ struct RouteTail {
   int* idx = nullptr;             // [topk]
   float* w = nullptr;             // [topk]
   unsigned* counter = nullptr;
-  RouteAlgo algo = RouteAlgo::Warp;
+  RouteAlgo algo = RouteAlgo::Block;
 };
 
 // The same routing as a launch of its own after a router GEMV without RouteTail (RoutePlace::Kernel).
@@ -113,7 +117,7 @@ struct DecodeRouteArgs {
   int E = 0, topk = 0;
   int* idx = nullptr;             // [topk], ascending experts
   float* w = nullptr;             // [topk]
-  RouteAlgo algo = RouteAlgo::Warp;
+  RouteAlgo algo = RouteAlgo::Block;
 };
 void decode_route(const DecodeRouteArgs& a, cudaStream_t s);
 

@@ -34,7 +34,7 @@ int& pdl_flag() {
   return f;
 }
 int& gemv_flag() {
-  static int f = env_choice("KESTREL_GEMV", {1, 2}, 1);
+  static int f = env_choice("KESTREL_GEMV", {1, 2, 3}, 1);
   return f;
 }
 int& moe_fused_flag() {
@@ -42,11 +42,11 @@ int& moe_fused_flag() {
   return f;
 }
 int& moe_route_place_flag() {
-  static int f = env_choice("KESTREL_MOE_ROUTING", {0, 1, 2}, 0);
+  static int f = env_choice("KESTREL_MOE_ROUTING", {0, 1, 2}, 1);
   return f;
 }
 int& moe_route_algo_flag() {
-  static int f = env_choice("KESTREL_MOE_ROUTE_ALGO", {0, 1}, 0);
+  static int f = env_choice("KESTREL_MOE_ROUTE_ALGO", {0, 1}, 1);
   return f;
 }
 // The sizes moe_route_warp (moe_route.cuh) handles, for the routing tail and the routing kernel.
@@ -59,7 +59,7 @@ bool pdl_enabled() { return pdl_flag() != 0; }
 void set_pdl_enabled(bool on) { pdl_flag() = on ? 1 : 0; }
 int gemv_version() { return gemv_flag(); }
 void set_gemv_version(int v) {
-  KESTREL_CHECK(v == 1 || v == 2, "GEMV version {} (1 or 2)", v);
+  KESTREL_CHECK(v >= 1 && v <= 3, "GEMV version {} (1, 2 or 3)", v);
   gemv_flag() = v;
 }
 

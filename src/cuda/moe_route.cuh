@@ -100,17 +100,24 @@ __device__ __forceinline__ void moe_route_warp(const float* logits, int E, int t
 }
 
 // Routing by the 256 threads of a block (thread t: experts t and t + 256): block max and sum,
-// then each expert's rank = the number of experts ahead of it (greater key, or an equal key and a
-// lower index), counted over all E keys in shared memory (every thread reads the same word:
-// broadcast). The k experts of rank < k are the selection; their weights are summed in rank
-// order (the oracle's selection order) and written in ascending expert order. Call with every
-// thread of a 256-thread block (barriers); idx_out / w_out may be shared or global memory.
+// then the selection by ranks: an expert's rank is the number of experts ahead of it (a greater
+// key, or an equal key and a lower index), and the k experts of rank < k are the selection.
+// Only candidates are ranked: when at least k of the 8 warps hold experts, every selected expert
+// is >= T, the least of the warps' largest keys (those are >= k distinct experts >= T), so the
+// experts below T are left out and the few candidates are compacted into shared memory and ranked
+// among themselves (the model's E = 256, k = 8: typically 8-40 candidates instead of 256).
+// The selection's weights are summed in rank order (the oracle's selection order) and written in
+// ascending expert order. Call with every thread of a 256-thread block (barriers); idx_out /
+// w_out may be shared or global memory.
 constexpr int kRouteBlockThreads = 256;
 __device__ __forceinline__ void moe_route_block(const float* logits, int E, int topk, int* idx_out,
                                                 float* w_out) {
   constexpr int kPer = kRouteMaxE / kRouteBlockThreads;
-  __shared__ __align__(16) uint32_t keys[kRouteMaxE];
-  __shared__ float red[2][kRouteBlockThreads / 32];
+  constexpr int kW = kRouteBlockThreads / 32;
+  // Candidate c: key << 32 | ~expert (a greater packed value is ahead).
+  __shared__ unsigned long long cand[kRouteMaxE];
+  __shared__ float red[2][kW];
+  __shared__ uint32_t wmax[kW], wcnt[kW][kPer];
   __shared__ float sel_p[kRouteMaxK];
   __shared__ int sel_e[kRouteMaxK];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -127,7 +134,7 @@ __device__ __forceinline__ void moe_route_block(const float* logits, int E, int 
   __syncthreads();
   float mx = red[0][0];
 #pragma unroll
-  for (int w = 1; w < kRouteBlockThreads / 32; ++w) mx = fmaxf(mx, red[0][w]);
+  for (int w = 1; w < kW; ++w) mx = fmaxf(mx, red[0][w]);
   float s = 0.f;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
@@ -139,33 +146,62 @@ __device__ __forceinline__ void moe_route_block(const float* logits, int E, int 
   __syncthreads();
   float sum = 0.f;
 #pragma unroll
-  for (int w = 0; w < kRouteBlockThreads / 32; ++w) sum += red[1][w];
+  for (int w = 0; w < kW; ++w) sum += red[1][w];
   uint32_t key[kPer];
-  const int E4 = (E + 3) & ~3;
+  uint32_t kmax = 0u;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int e = tid + i * kRouteBlockThreads;
     p[i] /= sum;
-    key[i] = e >= E ? 0u : p[i] == p[i] ? __float_as_uint(p[i]) + 2u : 1u;
-    if (e < E4) keys[e] = key[i];  // padding up to a multiple of 4 keeps key 0
+    key[i] = e >= E ? 0u : p[i] == p[i] ? __float_as_uint(p[i]) + 2u : 1u;  // 0: padding, 1: NaN
+    kmax = max(kmax, key[i]);
+  }
+  // The threshold: the least of the largest keys of the warps that hold experts (warp w holds
+  // one iff 32 w < E), when there are at least k of them; else no pruning (T = 0).
+  const int warps_with = min(kW, (E + 31) / 32);
+  kmax = __reduce_max_sync(0xffffffffu, kmax);
+  if (lane == 0) wmax[warp] = kmax;
+  __syncthreads();
+  uint32_t T = 0u;
+  if (warps_with >= topk) {
+    T = wmax[0];
+    for (int w = 1; w < warps_with; ++w) T = min(T, wmax[w]);
+  }
+  // Compaction: candidate slots in (i, warp, lane) order.
+  bool is_c[kPer];
+  uint32_t bal[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    is_c[i] = tid + i * kRouteBlockThreads < E && key[i] >= T;
+    bal[i] = __ballot_sync(0xffffffffu, is_c[i]);
+    if (lane == 0) wcnt[warp][i] = __popc(bal[i]);
+  }
+  __syncthreads();
+  int n = 0, slot[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    slot[i] = n + __popc(bal[i] & ((1u << lane) - 1u));
+    for (int w = 0; w < kW; ++w) {
+      const int c = int(wcnt[w][i]);
+      slot[i] += w < warp ? c : 0;
+      n += c;
+    }
+  }
+  unsigned long long pk[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    pk[i] = (static_cast<unsigned long long>(key[i]) << 32) | (0xffffffffu - uint32_t(tid + i * kRouteBlockThreads));
+    if (is_c[i]) cand[slot[i]] = pk[i];
   }
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    const int e = tid + i * kRouteBlockThreads;
-    if (i * kRouteBlockThreads >= E) break;  // block-uniform
-    const uint32_t ke = key[i];
+    if (!is_c[i]) continue;
     int ahead = 0;
-    for (int j = 0; j < E4; j += 4) {
-      const uint4 k4 = *reinterpret_cast<const uint4*>(keys + j);
-      ahead += (k4.x > ke) | ((k4.x == ke) & (j + 0 < e));
-      ahead += (k4.y > ke) | ((k4.y == ke) & (j + 1 < e));
-      ahead += (k4.z > ke) | ((k4.z == ke) & (j + 2 < e));
-      ahead += (k4.w > ke) | ((k4.w == ke) & (j + 3 < e));
-    }
-    if (e < E && ahead < topk) {
+    for (int c = 0; c < n; ++c) ahead += cand[c] > pk[i];
+    if (ahead < topk) {
       sel_p[ahead] = p[i];
-      sel_e[ahead] = e;
+      sel_e[ahead] = tid + i * kRouteBlockThreads;
     }
   }
   __syncthreads();

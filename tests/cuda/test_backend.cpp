@@ -224,23 +224,24 @@ TEST(CudaBackend, MatchesCpuBackendQ4MoeFused) {  // moe_experts: gate/up and do
   run_e2e_with(moe_fused_enabled, set_moe_fused_enabled, "the fused MoE launch");
 }
 
-// A routing place and algorithm (read when the sequences' graphs are captured) for one q4 run.
+// A routing place and algorithm (read when the sequences' graphs are captured) for one q4 run;
+// the other tests run with the defaults (the routing kernel, the block algorithm).
 void run_e2e_routing(RoutePlace p, RouteAlgo al) {
-  ASSERT_EQ(moe_route_place(), RoutePlace::Tail) << "the routing tail is the default";
-  ASSERT_EQ(moe_route_algo(), RouteAlgo::Warp) << "the warp routing is the default";
+  ASSERT_EQ(moe_route_place(), RoutePlace::Kernel) << "the routing kernel is the default";
+  ASSERT_EQ(moe_route_algo(), RouteAlgo::Block) << "the block routing is the default";
   set_moe_route_place(p);
   set_moe_route_algo(al);
   run_e2e(WFormat::Q4, WFormat::Q8, 2);
-  set_moe_route_place(RoutePlace::Tail);
-  set_moe_route_algo(RouteAlgo::Warp);
+  set_moe_route_place(RoutePlace::Kernel);
+  set_moe_route_algo(RouteAlgo::Block);
 }
 
-TEST(CudaBackend, MatchesCpuBackendQ4RouteKernel) {  // the MoE routing as its own launch
+TEST(CudaBackend, MatchesCpuBackendQ4RouteTailWarp) {  // the former default: one warp in the router GEMV's tail
   REQUIRE_GPU();
-  run_e2e_routing(RoutePlace::Kernel, RouteAlgo::Warp);
+  run_e2e_routing(RoutePlace::Tail, RouteAlgo::Warp);
 }
 
-TEST(CudaBackend, MatchesCpuBackendQ4RouteBlock) {  // the 256-thread routing in the router GEMV's tail
+TEST(CudaBackend, MatchesCpuBackendQ4RouteTailBlock) {  // the 256-thread routing in the router GEMV's tail
   REQUIRE_GPU();
   run_e2e_routing(RoutePlace::Tail, RouteAlgo::Block);
 }

@@ -58,7 +58,7 @@ void run_gemv(const GemvCase& c, uint32_t seed) {
 struct GemvRoutes {
   template <class F>
   static void each(F&& f) {
-    for (int v : {1, 2}) {
+    for (int v : {1, 2, 3}) {
       set_gemv_version(v);
       SCOPED_TRACE("gemv route v" + std::to_string(v));
       f();

@@ -15,7 +15,8 @@
 //   nvcc -O3 -std=c++20 -Isrc --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a tools/device/gemv_probe.cu -o gemv_probe
 // Then the decode route's own GEMV (src/cuda/gemv.cu, compiled into this file) on the same shapes
 // with its real segments, prologues, epilogues and the MoE routing tail, so that the cost of each
-// of those over the bare layout is measured ("production").
+// of those over the bare layout is measured ("production"), and the same on GEMV route 3
+// ("production_v3").
 #include "cuda/gemv.cu"
 
 #include "probe_engine.cuh"
@@ -429,6 +430,10 @@ int main() {
     CK(cudaFree(y));
   }
   std::printf("\n  },\n  \"production\": {");
+  production(s);
+  // The same launches on GEMV route 3 (tensor cores; the launches with a q8 segment stay on v1).
+  g_probe_gemv_version = 3;
+  std::printf("\n  },\n  \"production_v3\": {");
   production(s);
   std::printf("\n  }\n}\n");
   return 0;

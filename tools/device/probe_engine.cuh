@@ -22,7 +22,8 @@ int num_sms() {
   return n;
 }
 bool pdl_enabled() { return false; }
-int gemv_version() { return 1; }
+int g_probe_gemv_version = 1;  // the GEMV route a probe runs (gemv_probe: 1, then 3)
+int gemv_version() { return g_probe_gemv_version; }
 size_t DMat::row_bytes() const {
   return fmt == DFmt::BF16 ? size_t(cols) * 2 : fmt == DFmt::Q8 ? size_t(cols) : size_t(cols) / 2;
 }
