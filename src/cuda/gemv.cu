@@ -624,12 +624,18 @@ int mma_resident_blocks() {
 
 // Route 3 takes M = 1 launches whose segments are all q4 with 8-byte aligned rows, scales and
 // biases (every decode projection of a q4 checkpoint but the router's, whose rows are q8).
+// Route 1 takes the same kernel for such launches of >= kMmaRowsV1 rows (lm_head): measured on
+// the H200 at 2074b07, lm_head 121.9 us against 137.2 on the v1 kernel, while the projections of
+// 2K-12K rows are slower on it (GDN in_proj 12.6 against 10.8 us, out_proj 9.8 against 7.7: one
+// load round trip per 16-row tile and block, with few tiles per block; bench/NOTES.md v10).
+constexpr int64_t kMmaRowsV1 = 65536;
 template <int K>
 bool try_launch_mma(const GemvArgs& a, int64_t total, cudaStream_t s) {
   if constexpr (K != 2048 && K != 4096) {
     return false;
   } else {
-    if (a.M != 1 || gemv_version() != 3) return false;
+    const int v = gemv_version();
+    if (a.M != 1 || !(v == 3 || (v == 1 && total >= kMmaRowsV1))) return false;
     for (int i = 0; i < a.nseg; ++i) {
       const DMat& w = a.seg[i].w;
       if (w.fmt != DFmt::Q4 || (reinterpret_cast<uintptr_t>(w.data) | reinterpret_cast<uintptr_t>(w.scales) |

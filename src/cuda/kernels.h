@@ -27,8 +27,9 @@ void set_pdl_enabled(bool on);
 // GEMV route for M = 1 with one weight format per launch: 1 = one row per warp (measured default),
 // 2 = several rows per warp with the first weight loads issued before the activation staging
 // (KESTREL_GEMV=2 selects it), 3 = the dot products on the tensor cores for launches whose
-// segments are all q4 (gemv.cu; the others take route 1) (KESTREL_GEMV=3). Read when kernels are
-// launched or captured.
+// segments are all q4 (gemv.cu; the others take route 1) (KESTREL_GEMV=3). Route 1 also takes the
+// tensor-core kernel for all-q4 launches of >= 65536 rows (lm_head), where it measured faster.
+// Read when kernels are launched or captured.
 int gemv_version();
 void set_gemv_version(int v);
 
