@@ -13,7 +13,7 @@
 #   6. per-kernel profiles of a decode step and a 4K prompt (tools/device/profile.sh, Nsight
 #      Compute; summaries by kernel in profile/summary_*.txt);
 # and writes everything under $OUT (one tarball, gpu_check.tar.gz, plus summary.txt).
-# Usage: tools/gpu_check.sh [--prebuilt DIR] [--quick] [--no-sanitizer] [--no-bench] [--no-prefill-bench] [--no-profile]
+# Usage: tools/gpu_check.sh [--prebuilt DIR] [--quick] [--no-sanitizer] [--no-bench] [--no-prefill-bench] [--no-profile] [--no-probes]
 #        tools/gpu_check.sh --only-prefill-bench   (build, if needed, then only the prompt benchmarks;
 #        a second call within the machine's warm period reuses build-gpu)
 #   KESTREL_GIT_SHA: pass the commit from the checkout (the device copy is not a git repository).
@@ -29,6 +29,7 @@ SANITIZE=1
 BENCH=1
 PREFILL_BENCH=1
 PROFILE=1
+PROBES=1
 TESTS=1
 if [ "${1:-}" = --pack ]; then
   B=$2; D=$3
@@ -49,6 +50,7 @@ while [ $# -gt 0 ]; do
     --no-bench) BENCH=0; shift ;;
     --no-prefill-bench) PREFILL_BENCH=0; shift ;;
     --no-profile) PROFILE=0; shift ;;
+    --no-probes) PROBES=0; shift ;;
     --only-prefill-bench) TESTS=0; SANITIZE=0; BENCH=0; PREFILL_BENCH=1; PROFILE=0; shift ;;
     *) echo "gpu_check: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -145,7 +147,9 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
     note "bench bf16: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_bf16.log" | tee -a "$SUMMARY"
     # The dependency-primitive micro-benchmark (kernel boundary vs in-kernel publish/wait).
     T0=$(date +%s)
-    if nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/device/sync_probe.cu \
+    if [ "$PROBES" = 0 ]; then
+      note "probes: skipped (--no-probes)"
+    elif nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a tools/device/sync_probe.cu \
          -o build-gpu/sync_probe > "$W/sync_probe_build.log" 2>&1; then
       timeout 60 build-gpu/sync_probe > "$W/results/sync_probe.json" 2> "$W/sync_probe.err"
       note "sync probe: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/results/sync_probe.json" | tee -a "$SUMMARY"
@@ -154,7 +158,7 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
     fi
     # What a q4 decode GEMV reaches at the real shapes in several launch layouts, and the decode
     # route's GEMV and MoE kernels with their parts switched on and off.
-    for p in gemv_probe moe_probe; do
+    for p in $([ "$PROBES" = 1 ] && echo gemv_probe moe_probe); do
       T0=$(date +%s)
       if nvcc -O3 -std=c++20 -Isrc --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
            tools/device/$p.cu -o build-gpu/$p > "$W/${p}_build.log" 2>&1; then
