@@ -441,8 +441,12 @@ __device__ __forceinline__ float split3(float x, int g) {
   return g == 1 ? mid : r - mid;
 }
 
+// Blocks per SM the register budget is held to (the most without spills: 3 for K = 2048, 2 for 4096).
 template <int K>
-__global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const __grid_constant__ GemvArgs a,
+constexpr int kMmaMinBlocks = K == 2048 ? 3 : 2;
+
+template <int K>
+__global__ void __launch_bounds__(kThreads, kMmaMinBlocks<K>) gemv_mma_kernel(const __grid_constant__ GemvArgs a,
                                                             int64_t total_rows) {
   constexpr int NG = K / 64 / kWarps;  // groups per warp
   constexpr int kGroups = K / 64;
@@ -453,31 +457,13 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const __grid_constan
   __shared__ MmaSmem<K> sm;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int t = lane & 3, g = lane >> 2;
-  pdl_launch_dependents();
-  pdl_wait();
-  stage_x<K>(a, xs, xsum, red);  // ends with a barrier
-  // B fragments: k-step ks = 4 G + s of group G, lane l < 12 (part l / 4, quad position l % 4):
-  // {x[e], x[e + 4]}, {x[e + 1], x[e + 5]}, e = 64 G + 16 (l % 4) + 8 (s / 2) + 2 (s % 2).
-  const auto xat = [&](int k) { return xs[swz(k >> 2) * 4 + (k & 3)]; };
-  for (int i = tid; i < MmaSmem<K>::kSteps * 12; i += kThreads) {
-    const int ks = i / 12, l = i % 12, part = l >> 2, q = l & 3;
-    const int e = 64 * (ks >> 2) + 16 * q + 8 * ((ks & 3) >> 1) + 2 * (ks & 1);
-    sm.bt[i] = make_uint2(pf::pack_bf16(split3(xat(e), part), split3(xat(e + 4), part)),
-                          pf::pack_bf16(split3(xat(e + 1), part), split3(xat(e + 5), part)));
-  }
-  for (int G = tid; G < kGroups; G += kThreads)
-    sm.gsum[G] = (xsum[4 * G] + xsum[4 * G + 1]) + (xsum[4 * G + 2] + xsum[4 * G + 3]);
-  __syncthreads();
-
   const int64_t ntiles = (total_rows + kMmaTileRows - 1) / kMmaTileRows;
   const int G0 = warp * NG;
-  unsigned long long best = 0ull;
-  int buf = 0;
-  for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x, buf ^= 1) {
-    // This lane's two rows (g, g + 8 of the tile): the words of its quarter of each group, and
-    // the group scales and biases (NG consecutive bf16 each).
-    uint2 q[2][NG];
-    uint32_t scw[2][NG / 2], biw[2][NG / 2];
+  // This lane's two rows (g, g + 8 of a tile): the words of its quarter of each of the warp's
+  // groups, and those groups' scales and biases (NG consecutive bf16 each).
+  uint2 q[2][NG];
+  uint32_t scw[2][NG / 2], biw[2][NG / 2];
+  const auto load_tile = [&](int64_t tile) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t r = tile * kMmaTileRows + g + 8 * h;
@@ -503,6 +489,38 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const __grid_constan
         }
       }
     }
+  };
+  pdl_launch_dependents();
+  // The first tile's weights do not depend on the previous kernel: their loads go out first and
+  // are in flight during the staging and the B layout.
+  if (int64_t(blockIdx.x) < ntiles) load_tile(blockIdx.x);
+  pdl_wait();
+  stage_x<K>(a, xs, xsum, red);  // ends with a barrier
+  // B fragments: k-step ks = 4 G + s of group G, lane l < 12 (part l / 4, quad position l % 4):
+  // {x[e], x[e + 4]}, {x[e + 1], x[e + 5]}, e = 64 G + 16 (l % 4) + 8 (s / 2) + 2 (s % 2).
+  // One thread per (k-step, quad position): its 4 elements split once, the 3 parts' entries written.
+  const auto xat = [&](int k) { return xs[swz(k >> 2) * 4 + (k & 3)]; };
+  for (int i = tid; i < MmaSmem<K>::kSteps * 4; i += kThreads) {
+    const int ks = i >> 2, qp = i & 3;
+    const int e = 64 * (ks >> 2) + 16 * qp + 8 * ((ks & 3) >> 1) + 2 * (ks & 1);
+    const int ei[4] = {e, e + 4, e + 1, e + 5};
+    float pv[3][4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+      for (int part = 0; part < 3; ++part) pv[part][k] = split3(xat(ei[k]), part);
+#pragma unroll
+    for (int part = 0; part < 3; ++part)
+      sm.bt[ks * 12 + 4 * part + qp] =
+          make_uint2(pf::pack_bf16(pv[part][0], pv[part][1]), pf::pack_bf16(pv[part][2], pv[part][3]));
+  }
+  for (int G = tid; G < kGroups; G += kThreads)
+    sm.gsum[G] = (xsum[4 * G] + xsum[4 * G + 1]) + (xsum[4 * G + 2] + xsum[4 * G + 3]);
+  __syncthreads();
+
+  unsigned long long best = 0ull;
+  int buf = 0;
+  for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x, buf ^= 1) {
     float acc[2] = {0.f, 0.f};
 #pragma unroll
     for (int j = 0; j < NG; ++j) {
@@ -527,6 +545,8 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const __grid_constan
         acc[h] += sc * (c[2 * h] + c[2 * h + 1]) + bi * gs;
       }
     }
+    // The registers are free: the next tile's loads go out before this tile's reduction and epilogue.
+    if (tile + gridDim.x < ntiles) load_tile(tile + gridDim.x);
 #pragma unroll
     for (int h = 0; h < 2; ++h) acc[h] = group_sum<4>(acc[h]);
     if (t == 0) {
