@@ -53,7 +53,7 @@ struct BenchOpts {
   std::string out_dir = "bench/results";
   uint64_t seed = 1;
   std::string pdl = "off";  // programmatic dependent launch: off (the default route) | on | both
-  std::string moe = "split";  // MoE experts route: split | fused | both
+  std::string moe = "split";  // MoE experts route(s): split, fused, mma; a comma list or all
   std::string route = "kernel";  // MoE routing place(s): tail (of the router GEMV), kernel (default), gate_up; a comma list or all
   std::string route_algo = "block";  // MoE routing algorithm(s): warp, block (default); a comma list or both
   std::string gemv = "1";    // GEMV route(s) for M = 1: 1, 2, 3; a comma list or all
@@ -294,11 +294,9 @@ void run_bench(const BenchOpts& o) {
   std::vector<bool> pdl_modes;
   if (o.pdl != "on") pdl_modes.push_back(false);
   if (o.pdl != "off") pdl_modes.push_back(true);
-  KESTREL_CHECK(o.moe == "fused" || o.moe == "split" || o.moe == "both", "--moe {} (fused, split or both)",
-                o.moe);
-  std::vector<bool> moe_modes;
-  if (o.moe != "split") moe_modes.push_back(true);
-  if (o.moe != "fused") moe_modes.push_back(false);
+  // 0 split (two launches), 1 fused (one launch), 2 split with the q4 gate/up on the tensor cores.
+  const std::vector<std::string> moe_names = {"split", "fused", "mma"};
+  const std::vector<int> moe_modes = choose(o.moe, "--moe", "all", moe_names);
   // Indices are the RoutePlace / RouteAlgo values.
   const std::vector<int> route_places = choose(o.route, "--route", "all", {"tail", "kernel", "gate_up"});
   const std::vector<int> route_algos = choose(o.route_algo, "--route-algo", "both", {"warp", "block"});
@@ -308,17 +306,17 @@ void run_bench(const BenchOpts& o) {
   struct Mode {
     int gemv;
     bool pdl;
-    bool moe_fused;
+    int moe;
     cuda::RoutePlace place;
     cuda::RouteAlgo algo;
   };
   std::vector<Mode> modes;
   for (int g : gemv_modes)
     for (bool p : pdl_modes)
-      for (bool f : moe_modes)
+      for (int f : moe_modes)
         for (int r : route_places)
           for (int al : route_algos)
-            if (!(f && r == int(cuda::RoutePlace::GateUp)))  // the fused launch routes before it
+            if (!(f == 1 && r == int(cuda::RoutePlace::GateUp)))  // the fused launch routes before it
               modes.push_back({g, p, f, cuda::RoutePlace(r), cuda::RouteAlgo(al)});
   KESTREL_CHECK(!modes.empty(), "bench: no decode configuration to run (--moe fused routes by tail or kernel only)");
   for (int64_t ctx : contexts)
@@ -326,7 +324,8 @@ void run_bench(const BenchOpts& o) {
     const bool pdl = md.pdl;
     cuda::set_pdl_enabled(pdl);  // both read when the sequence's graph is captured
     cuda::set_gemv_version(md.gemv);
-    cuda::set_moe_fused_enabled(md.moe_fused);
+    cuda::set_moe_fused_enabled(md.moe == 1);
+    cuda::set_moe_mma_enabled(md.moe == 2);
     cuda::set_moe_route_place(md.place);
     cuda::set_moe_route_algo(md.algo);
     const SeqId s = b->create_sequence(std::max<int64_t>(ctx + o.warmup + o.steps + 1, 64));
@@ -337,7 +336,7 @@ void run_bench(const BenchOpts& o) {
     const double bytes = cuda::decode_step_bytes(*b, ctx);
     const double tps = 1.0 / med, gbs = bytes / med / 1e9, floor = kBandwidth / bytes;
     std::printf("%-8s %4d %4s %5s %7s %5s %9lld %10.4f %10.1f %11.1f %10.1f %7.1f%%\n", weights.c_str(),
-                md.gemv, pdl ? "on" : "off", md.moe_fused ? "fused" : "split", cuda::route_place_name(md.place),
+                md.gemv, pdl ? "on" : "off", moe_names[size_t(md.moe)].c_str(), cuda::route_place_name(md.place),
                 cuda::route_algo_name(md.algo), (long long)ctx,
                 med * 1e3, tps, gbs, floor, 100.0 * tps / floor);
     std::fflush(stdout);
@@ -357,7 +356,7 @@ void run_bench(const BenchOpts& o) {
                        {"layers", b->config().num_layers},
                        {"pdl", pdl},
                        {"gemv_route", md.gemv},
-                       {"moe_route", md.moe_fused ? "fused" : "split"},
+                       {"moe_route", moe_names[size_t(md.moe)].c_str()},
                        {"routing", cuda::route_place_name(md.place)},
                        {"routing_algo", cuda::route_algo_name(md.algo)},
                        {"gpu", gpu},
@@ -395,7 +394,8 @@ void setup_bench(CLI::App& root) {
   c->add_option("--route-algo", o->route_algo,
                 "MoE routing algorithm: warp (one warp) or block (256 threads); a comma list or both");
   c->add_option("--moe", o->moe,
-                "MoE experts route: fused (gate/up and down in one launch), split, or both (one record each)");
+                "MoE experts route: split (two launches), fused (one launch), mma (split, q4 gate/up on the "
+                "tensor cores); a comma list or all (one record each)");
   c->add_option("--gemv", o->gemv, "GEMV route for M = 1: 1, 2, 3 (tensor cores, q4); a comma list or all (one record each)");
   c->add_option("--prefill", o->prefill,
                 "Comma-separated prompt lengths: benchmark prompts (prefill) instead of decode");

@@ -4,8 +4,8 @@
 // itself: 8-16 KB re-read from L2 instead of one more launch); epilogues fold the residual add,
 // the GDN causal conv + SiLU, and the lm_head argmax.
 #include "cuda/gemv_core.cuh"
+#include "cuda/mma_dot.cuh"
 #include "cuda/moe_route.cuh"
-#include "cuda/prefill_mma.h"
 
 #include <algorithm>
 #include <mutex>
@@ -397,49 +397,19 @@ __global__ void __launch_bounds__(kThreads) gemv_rows_kernel(const __grid_consta
   if (a.route.logits != nullptr) route_tail(a.route);
 }
 
-// ---- v3 (M = 1, every segment q4, K = 2048 or 4096): the dot products on the tensor cores.
-// Why: the v1 dot core spends ~4 instructions per weight (unpack, fp16 -> fp32, FFMA, shared loads),
-// so a decode GEMV is bound by instruction issue, not by DRAM (lm_head: 1,881 rows per SM x ~400
-// warp instructions per row / 4 schedulers = 95 us of issue at 1.98 GHz against 115 us measured and
-// 72 us of DRAM; the stall samples show not_selected as the top reason). Here one mma.sync
-// m16n8k16 does 16 rows x 16 weights:
-// * A = the q4 codes as exact bf16 (128 + q built by a LOP3 into the mantissa, 128 subtracted
-//   exactly), B = the activation split exactly into three bf16 parts (hi + mid + lo carry its 24
-//   bits) in columns 0-2, fp32 accumulation; each 64-element group's dot then gets its scale, and
-//   bias x (the group's sum of x), as in v1.
-// * The k order inside a group is permuted (lane t of a quad holds the group's elements
-//   16t..16t+15 of its two rows, the nibbles of one word as the bf16 pairs (j, j + 4)), and the B
-//   fragments are laid out once per block in shared memory in that same order (12 lanes x 8 bytes
-//   per k-step: the other 20 lanes' B columns are zero), so that every weight load is a plain
-//   8-byte load and every B fragment one 8-byte shared load.
-// * A block (8 warps) takes 16-row tiles; warp w the w-th eighth of K (4 or 8 groups, all its
-//   loads issued at once), the 8 partial sums reduced in shared memory, the epilogues as v2.
-constexpr int kMmaTileRows = 16;
-
+// ---- v3 (M = 1, every segment q4, K = 2048 or 4096): the dot products on the tensor cores
+// (mma_dot.cuh). Why: the v1 dot core spends ~4 instructions per weight (unpack, fp16 -> fp32,
+// FFMA, shared loads), so a decode GEMV is bound by instruction issue, not by DRAM (lm_head: 1,881
+// rows per SM x ~400 warp instructions per row / 4 schedulers = 95 us of issue at 1.98 GHz against
+// 115 us measured and 72 us of DRAM; the stall samples show not_selected as the top reason).
+// A block (8 warps) takes 16-row tiles; warp w the w-th eighth of K (4 or 8 groups, all its loads
+// issued at once, the next tile's before this one's reduction), the 8 partial sums reduced in
+// shared memory, the epilogues as v2.
 template <int K>
 struct MmaSmem {
-  static constexpr int kSteps = K / 16;
-  uint2 bt[kSteps * 12];  // B fragments: [k-step][lane < 12]
-  float gsum[K / 64];     // sum of x over each 64-element group
+  MmaB<K> b;
   float part[2][kWarps][kMmaTileRows];
 };
-
-// The bf16 pair (128 + q_j, 128 + q_{j+4}) of nibbles j, j + 4 of w (j < 4), minus 128: exact.
-__device__ __forceinline__ uint32_t q4_pair_bf16(uint32_t w, int j) {
-  uint32_t v = ((w >> (4 * j)) & 0x000f000fu) | 0x43004300u;
-  __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162*>(&v);
-  h = __hsub2(h, __floats2bfloat162_rn(128.f, 128.f));
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
-// Part g (0 hi, 1 mid, 2 lo) of the exact three-way bf16 split of x.
-__device__ __forceinline__ float split3(float x, int g) {
-  const float hi = __bfloat162float(__float2bfloat16_rn(x));
-  if (g == 0) return hi;
-  const float r = x - hi;
-  const float mid = __bfloat162float(__float2bfloat16_rn(r));
-  return g == 1 ? mid : r - mid;
-}
 
 // Blocks per SM the register budget is held to (the most without spills: 3 for K = 2048, 2 for 4096).
 template <int K>
@@ -475,18 +445,7 @@ __global__ void __launch_bounds__(kThreads, kMmaMinBlocks<K>) gemv_mma_kernel(co
         int s = 0;
         int64_t lr = r;
         while (lr >= a.seg[s].w.rows) lr -= a.seg[s++].w.rows;
-        const DMat& w = a.seg[s].w;
-        const char* rowp = static_cast<const char*>(w.data) + size_t(lr) * (K / 2);
-#pragma unroll
-        for (int j = 0; j < NG; ++j)
-          q[h][j] = __ldg(reinterpret_cast<const uint2*>(rowp + (G0 + j) * 32 + 8 * t));
-        const uint32_t* sp = reinterpret_cast<const uint32_t*>(w.scales + size_t(lr) * kGroups + G0);
-        const uint32_t* bp = reinterpret_cast<const uint32_t*>(w.biases + size_t(lr) * kGroups + G0);
-#pragma unroll
-        for (int j = 0; j < NG / 2; ++j) {
-          scw[h][j] = __ldg(sp + j);
-          biw[h][j] = __ldg(bp + j);
-        }
+        mma_load_row<K, NG>(a.seg[s].w, lr, G0, t, q[h], scw[h], biw[h]);
       }
     }
   };
@@ -496,55 +455,14 @@ __global__ void __launch_bounds__(kThreads, kMmaMinBlocks<K>) gemv_mma_kernel(co
   if (int64_t(blockIdx.x) < ntiles) load_tile(blockIdx.x);
   pdl_wait();
   stage_x<K>(a, xs, xsum, red);  // ends with a barrier
-  // B fragments: k-step ks = 4 G + s of group G, lane l < 12 (part l / 4, quad position l % 4):
-  // {x[e], x[e + 4]}, {x[e + 1], x[e + 5]}, e = 64 G + 16 (l % 4) + 8 (s / 2) + 2 (s % 2).
-  // One thread per (k-step, quad position): its 4 elements split once, the 3 parts' entries written.
-  const auto xat = [&](int k) { return xs[swz(k >> 2) * 4 + (k & 3)]; };
-  for (int i = tid; i < MmaSmem<K>::kSteps * 4; i += kThreads) {
-    const int ks = i >> 2, qp = i & 3;
-    const int e = 64 * (ks >> 2) + 16 * qp + 8 * ((ks & 3) >> 1) + 2 * (ks & 1);
-    const int ei[4] = {e, e + 4, e + 1, e + 5};
-    float pv[3][4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-#pragma unroll
-      for (int part = 0; part < 3; ++part) pv[part][k] = split3(xat(ei[k]), part);
-#pragma unroll
-    for (int part = 0; part < 3; ++part)
-      sm.bt[ks * 12 + 4 * part + qp] =
-          make_uint2(pf::pack_bf16(pv[part][0], pv[part][1]), pf::pack_bf16(pv[part][2], pv[part][3]));
-  }
-  for (int G = tid; G < kGroups; G += kThreads)
-    sm.gsum[G] = (xsum[4 * G] + xsum[4 * G + 1]) + (xsum[4 * G + 2] + xsum[4 * G + 3]);
+  mma_build_b<K>(sm.b, xs, xsum, kThreads);
   __syncthreads();
 
   unsigned long long best = 0ull;
   int buf = 0;
   for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x, buf ^= 1) {
     float acc[2] = {0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < NG; ++j) {
-      const int G = G0 + j;
-      float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int st = 0; st < 4; ++st) {
-        const uint2 b = lane < 12 ? sm.bt[(4 * G + st) * 12 + lane] : make_uint2(0u, 0u);
-        const uint32_t w0 = st < 2 ? q[0][j].x : q[0][j].y, w1 = st < 2 ? q[1][j].x : q[1][j].y;
-        const int j0 = 2 * (st & 1);
-        const uint32_t A[4] = {q4_pair_bf16(w0, j0), q4_pair_bf16(w1, j0), q4_pair_bf16(w0, j0 + 1),
-                               q4_pair_bf16(w1, j0 + 1)};
-        pf::mma_bf16(c, A, b.x, b.y);
-      }
-      // Columns 0-2 (t = 0: hi, mid; t = 1: lo) hold the group's dot; the other columns are 0.
-      const float gs = t == 0 ? sm.gsum[G] : 0.f;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t sw = scw[h][j >> 1], bw = biw[h][j >> 1];
-        const float sc = __uint_as_float(j & 1 ? sw & 0xffff0000u : sw << 16);
-        const float bi = __uint_as_float(j & 1 ? bw & 0xffff0000u : bw << 16);
-        acc[h] += sc * (c[2 * h] + c[2 * h + 1]) + bi * gs;
-      }
-    }
+    mma_tile_dot<K, NG>(q, scw, biw, sm.b, G0, lane, acc);
     // The registers are free: the next tile's loads go out before this tile's reduction and epilogue.
     if (tile + gridDim.x < ntiles) load_tile(tile + gridDim.x);
 #pragma unroll

@@ -41,6 +41,10 @@ int& moe_fused_flag() {
   static int f = env_choice("KESTREL_MOE_FUSED", {0, 1}, 0);
   return f;
 }
+int& moe_mma_flag() {
+  static int f = env_choice("KESTREL_MOE_MMA", {0, 1}, 0);
+  return f;
+}
 int& moe_route_place_flag() {
   static int f = env_choice("KESTREL_MOE_ROUTING", {0, 1, 2}, 1);
   return f;
@@ -198,6 +202,12 @@ void check_gate_up(const MoeGateUpArgs& a) {
                 "moe_gate_up: null pointer");
   KESTREL_CHECK(int(a.algo) == 0 || int(a.algo) == 1, "moe_gate_up: routing algorithm {}", int(a.algo));
   KESTREL_CHECK(reinterpret_cast<uintptr_t>(a.h) % 16 == 0, "moe_gate_up: h not 16-byte aligned");
+  if (a.gate.fmt == DFmt::Q4 && moe_mma_enabled())  // moe_gate_up_mma_kernel: 8-unit tiles, 8-byte loads
+    KESTREL_CHECK(a.I % 8 == 0 &&
+                      (reinterpret_cast<uintptr_t>(a.gate.data) | reinterpret_cast<uintptr_t>(a.gate.scales) |
+                       reinterpret_cast<uintptr_t>(a.gate.biases) | reinterpret_cast<uintptr_t>(a.up.data) |
+                       reinterpret_cast<uintptr_t>(a.up.scales) | reinterpret_cast<uintptr_t>(a.up.biases)) % 8 == 0,
+                  "moe_gate_up (tensor cores): I {} must be a multiple of 8 and the weights 8-byte aligned", a.I);
 }
 void check_down(const MoeDownArgs& a) {
   KESTREL_CHECK(a.topk >= 1 && a.topk <= 16, "moe_down: top-k {}", a.topk);
@@ -222,6 +232,8 @@ void check_down(const MoeDownArgs& a) {
 }  // namespace
 
 bool moe_fused_enabled() { return moe_fused_flag() != 0; }
+bool moe_mma_enabled() { return moe_mma_flag() != 0; }
+void set_moe_mma_enabled(bool on) { moe_mma_flag() = on ? 1 : 0; }
 void set_moe_fused_enabled(bool on) { moe_fused_flag() = on ? 1 : 0; }
 RoutePlace moe_route_place() { return RoutePlace(moe_route_place_flag()); }
 void set_moe_route_place(RoutePlace p) {

@@ -11,7 +11,10 @@
 //     kernel boundary).
 // The router, shared-expert gate/up and sigmoid gate logits come from that fused GEMV before.
 #include "cuda/gemv_core.cuh"
+#include "cuda/mma_dot.cuh"
 #include "cuda/moe_route.cuh"
+
+#include <algorithm>
 
 namespace kestrel::cuda {
 
@@ -99,6 +102,78 @@ __global__ void __launch_bounds__(256) moe_gate_up_kernel(const __grid_constant_
   pdl_launch_dependents();
   pdl_wait();
   gate_up_block<F, kGuTasks<F>>(a, blockIdx.x);
+}
+
+// moe_gate_up with q4 experts on the tensor cores (mma_dot.cuh; KESTREL_MOE_MMA=1): a tile is 8
+// intermediate units i of one slot, its 16 rows the 8 gate rows (g) and the 8 up rows (g + 8);
+// warp w takes the w-th eighth of the hidden size (4 groups), the 8 partial sums are reduced in
+// shared memory and threads 0..7 write act = silu(gate) * up. The first tile's loads go out before
+// h is staged, each later tile's before the previous tile's reduction.
+constexpr int kGuMmaRows = kMmaTileRows / 2;  // intermediate units per tile
+__global__ void __launch_bounds__(256, 3) moe_gate_up_mma_kernel(const __grid_constant__ MoeGateUpArgs a) {
+  constexpr int K = 2048, NG = K / 64 / 8;
+  __shared__ float4 xs4[K / 4];
+  __shared__ float xsum[K / 16];
+  __shared__ MmaB<K> B;
+  __shared__ float part[2][8][kMmaTileRows];
+  __shared__ int sidx[kMaxK];
+  __shared__ float sw[kMaxK];
+  float* xs = reinterpret_cast<float*>(xs4);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int t = lane & 3, g = lane >> 2;
+  pdl_launch_dependents();
+  pdl_wait();
+  const float4 h0 = ld4(a.h + 4 * tid), h1 = ld4(a.h + 4 * (tid + 256));
+  const int* topk_idx = a.topk_idx;
+  if (a.logits != nullptr) {  // RoutePlace::GateUp: this block routes for itself
+    moe_route_any(a.algo, a.logits, int(a.E), a.topk, sidx, sw);
+    __syncthreads();
+    if (blockIdx.x == 0 && tid < a.topk) {
+      a.route_idx[tid] = sidx[tid];
+      a.route_w[tid] = sw[tid];
+    }
+    topk_idx = sidx;
+  }
+  const int per_slot = int(a.I) / kGuMmaRows;
+  const int ntiles = a.topk * per_slot;
+  const int G0 = warp * NG;
+  uint2 q[2][NG];
+  uint32_t scw[2][NG / 2], biw[2][NG / 2];
+  const auto load_tile = [&](int tile) {
+    const int slot = tile / per_slot;
+    const int64_t row = int64_t(topk_idx[slot]) * a.I + (tile - slot * per_slot) * kGuMmaRows + g;
+    mma_load_row<K, NG>(a.gate, row, G0, t, q[0], scw[0], biw[0]);
+    mma_load_row<K, NG>(a.up, row, G0, t, q[1], scw[1], biw[1]);
+  };
+  if (int(blockIdx.x) < ntiles) load_tile(blockIdx.x);
+  smem_store4(xs, xsum, K, 0, tid, h0);
+  smem_store4(xs, xsum, K, 0, tid + 256, h1);
+  __syncthreads();
+  mma_build_b<K>(B, xs, xsum, 256);
+  __syncthreads();
+  int buf = 0;
+  for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x, buf ^= 1) {
+    float acc[2] = {0.f, 0.f};
+    mma_tile_dot<K, NG>(q, scw, biw, B, G0, lane, acc);
+    if (tile + int(gridDim.x) < ntiles) load_tile(tile + gridDim.x);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) acc[h] = group_sum<4>(acc[h]);
+    if (t == 0) {
+      part[buf][warp][g] = acc[0];
+      part[buf][warp][g + 8] = acc[1];
+    }
+    __syncthreads();
+    if (tid < kGuMmaRows) {
+      float gv = 0.f, uv = 0.f;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) {
+        gv += part[buf][w][tid];
+        uv += part[buf][w][tid + 8];
+      }
+      const int slot = tile / per_slot;
+      a.act[int64_t(slot) * a.I + (tile - slot * per_slot) * kGuMmaRows + tid] = silu_f(gv) * uv;
+    }
+  }
 }
 
 // Dependencies between the two parts of the fused launch (moe_experts_kernel): the gate/up blocks
@@ -279,8 +354,23 @@ __global__ void __launch_bounds__(256, 2) moe_experts_kernel(const __grid_consta
 
 }  // namespace
 
+// Blocks of moe_gate_up_mma_kernel resident at once (occupancy API; cached on first use).
+int gate_up_mma_resident() {
+  static const int n = [] {
+    int per_sm = 0;
+    KCUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_gate_up_mma_kernel, 256, 0));
+    return std::max(1, per_sm) * num_sms();
+  }();
+  return n;
+}
+
 void moe_gate_up_launch(const MoeGateUpArgs& a, cudaStream_t s) {
   const int64_t tasks = int64_t(a.topk) * a.I;
+  if (a.gate.fmt == DFmt::Q4 && moe_mma_enabled()) {
+    const int tiles = int(tasks / kGuMmaRows);
+    launch_pdl(moe_gate_up_mma_kernel, dim3(std::min(tiles, gate_up_mma_resident())), dim3(256), 0, s, a);
+    return;
+  }
   switch (a.gate.fmt) {
     case DFmt::Q4: launch_pdl(moe_gate_up_kernel<DFmt::Q4>, dim3(gate_up_blocks(tasks, kGuTasks<DFmt::Q4>)), dim3(256), 0, s, a); break;
     case DFmt::Q8: launch_pdl(moe_gate_up_kernel<DFmt::Q8>, dim3(gate_up_blocks(tasks, kGuTasks<DFmt::Q8>)), dim3(256), 0, s, a); break;
