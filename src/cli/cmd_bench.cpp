@@ -294,7 +294,7 @@ void run_bench(const BenchOpts& o) {
   std::vector<bool> pdl_modes;
   if (o.pdl != "on") pdl_modes.push_back(false);
   if (o.pdl != "off") pdl_modes.push_back(true);
-  // 0 split (two launches), 1 fused (one launch), 2 split with the q4 gate/up on the tensor cores.
+  // 0 split (two launches), 1 fused (one launch), 2 split with the q4 experts on the tensor cores.
   const std::vector<std::string> moe_names = {"split", "fused", "mma"};
   const std::vector<int> moe_modes = choose(o.moe, "--moe", "all", moe_names);
   // Indices are the RoutePlace / RouteAlgo values.
@@ -394,7 +394,7 @@ void setup_bench(CLI::App& root) {
   c->add_option("--route-algo", o->route_algo,
                 "MoE routing algorithm: warp (one warp) or block (256 threads); a comma list or both");
   c->add_option("--moe", o->moe,
-                "MoE experts route: split (two launches), fused (one launch), mma (split, q4 gate/up on the "
+                "MoE experts route: split (two launches), fused (one launch), mma (split, q4 experts on the "
                 "tensor cores); a comma list or all (one record each)");
   c->add_option("--gemv", o->gemv, "GEMV route for M = 1: 1, 2, 3 (tensor cores, q4); a comma list or all (one record each)");
   c->add_option("--prefill", o->prefill,

@@ -245,9 +245,10 @@ void moe_experts(const MoeExpertsArgs& a, cudaStream_t s);
 // recorded.
 bool moe_fused_enabled();
 void set_moe_fused_enabled(bool on);
-// moe_gate_up with q4 experts on the tensor cores (moe_gate_up_mma_kernel, the dot core of GEMV
-// route 3): KESTREL_MOE_MMA=1; default off (written at a1ba571+, not yet measured). Read when
-// kernels are launched or captured. The fused launch (moe_experts) does not use it.
+// The q4 MoE experts on the tensor cores (moe_gate_up_mma_kernel, and moe_down_mma_kernel for
+// top-k <= 8; larger top-k keeps the scalar moe_down), the dot core of GEMV route 3:
+// KESTREL_MOE_MMA=1; default off (written after a1ba571, not yet run on a GPU). Read when kernels
+// are launched or captured. The fused launch (moe_experts) does not use it.
 bool moe_mma_enabled();
 void set_moe_mma_enabled(bool on);
 

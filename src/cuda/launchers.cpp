@@ -228,6 +228,14 @@ void check_down(const MoeDownArgs& a) {
                 "moe_down: activations not 16-byte aligned");
   KESTREL_CHECK(a.down.fmt == DFmt::Q4 || a.down.fmt == DFmt::Q8 || a.down.fmt == DFmt::BF16,
                 "moe_down: format {}", dfmt_name(a.down.fmt));
+  if (a.down.fmt == DFmt::Q4 && moe_mma_enabled() && a.topk <= 8)  // moe_down_mma_kernel: 16-row tiles
+    KESTREL_CHECK(a.hidden % 16 == 0 &&
+                      (reinterpret_cast<uintptr_t>(a.down.data) | reinterpret_cast<uintptr_t>(a.down.scales) |
+                       reinterpret_cast<uintptr_t>(a.down.biases) | reinterpret_cast<uintptr_t>(a.shared_down.data) |
+                       reinterpret_cast<uintptr_t>(a.shared_down.scales) |
+                       reinterpret_cast<uintptr_t>(a.shared_down.biases)) % 8 == 0,
+                  "moe_down (tensor cores): hidden {} must be a multiple of 16 and the weights 8-byte aligned",
+                  a.hidden);
 }
 }  // namespace
 

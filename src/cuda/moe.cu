@@ -104,7 +104,8 @@ __global__ void __launch_bounds__(256) moe_gate_up_kernel(const __grid_constant_
   gate_up_block<F, kGuTasks<F>>(a, blockIdx.x);
 }
 
-// moe_gate_up with q4 experts on the tensor cores (mma_dot.cuh; KESTREL_MOE_MMA=1): a tile is 8
+// moe_gate_up with q4 experts on the tensor cores (mma_dot.cuh; KESTREL_MOE_MMA=1; written
+// after a1ba571, not yet run on a GPU): a tile is 8
 // intermediate units i of one slot, its 16 rows the 8 gate rows (g) and the 8 up rows (g + 8);
 // warp w takes the w-th eighth of the hidden size (4 groups), the 8 partial sums are reduced in
 // shared memory and threads 0..7 write act = silu(gate) * up. The first tile's loads go out before
@@ -334,6 +335,97 @@ __global__ void __launch_bounds__(256, 2) moe_down_kernel(const __grid_constant_
   down_block<F, KI, kDownRows>(a, blockIdx.x, nullptr, 0u);
 }
 
+// moe_down with q4 experts on the tensor cores (KESTREL_MOE_MMA=1, top-k <= 8): a block owns 16
+// output rows (one tile) and has one warp per expert slot plus one for the shared expert
+// (kDownMmaWarps); warp m loads its expert's 16 rows x 512 (all 8 groups at once), stages its own
+// activation row straight into its B fragments (lane l holds the 8-element blocks l and l + 32),
+// and the combine is the scalar route's (ascending experts, then the gated shared expert).
+constexpr int kDownMmaMaxK = 8;
+constexpr int kDownMmaWarps = kDownMmaMaxK + 1;
+__global__ void __launch_bounds__(32 * kDownMmaWarps) moe_down_mma_kernel(const __grid_constant__ MoeDownArgs a) {
+  constexpr int KI = 512, NG = KI / 64;
+  __shared__ MmaB<KI> B[kDownMmaWarps];
+  __shared__ float res[kDownMmaWarps][kMmaTileRows];
+  __shared__ float wts[kDownMmaMaxK];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int t = lane & 3, g = lane >> 2;
+  const int nm = a.topk + 1;
+  const int64_t r0 = int64_t(blockIdx.x) * kMmaTileRows;
+  pdl_launch_dependents();
+  pdl_wait();
+  float wk = 0.f, xr = 0.f, sgt = 0.f;
+  if (tid < a.topk) wk = a.topk_w[tid];
+  if (tid < kMmaTileRows) {
+    xr = a.x[r0 + tid];
+    sgt = *a.sgate;
+  }
+  if (warp < nm) {  // warp-uniform
+    const bool shared = warp == a.topk;
+    const DMat& w = shared ? a.shared_down : a.down;
+    const int64_t base = shared ? r0 : int64_t(a.topk_idx[warp]) * a.hidden + r0;
+    uint2 q[2][NG];
+    uint32_t scw[2][NG / 2], biw[2][NG / 2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) mma_load_row<KI, NG>(w, base + g + 8 * h, 0, t, q[h], scw[h], biw[h]);
+    // This warp's activation: 8-element blocks j = lane and lane + 32 (block j: group j / 8,
+    // quad position (j / 2) % 4, k-steps 4 G + 2 (j % 2) + {0, 1}; see mma_build_b).
+    MmaB<KI>& b = B[warp];
+    float bs[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int j = lane + 32 * i;
+      float v[8];
+      float4 lo, hi;
+      if (shared) {
+        const float4 g0 = ld4(a.sg + 8 * j), g1 = ld4(a.sg + 8 * j + 4);
+        const float4 u0 = ld4(a.su + 8 * j), u1 = ld4(a.su + 8 * j + 4);
+        lo = make_float4(silu_f(g0.x) * u0.x, silu_f(g0.y) * u0.y, silu_f(g0.z) * u0.z, silu_f(g0.w) * u0.w);
+        hi = make_float4(silu_f(g1.x) * u1.x, silu_f(g1.y) * u1.y, silu_f(g1.z) * u1.z, silu_f(g1.w) * u1.w);
+      } else {
+        lo = __ldcg(reinterpret_cast<const float4*>(a.act + size_t(warp) * KI + 8 * j));
+        hi = __ldcg(reinterpret_cast<const float4*>(a.act + size_t(warp) * KI + 8 * j + 4));
+      }
+      v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
+      v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+      const int G = j >> 3, qp = (j >> 1) & 3;
+#pragma unroll
+      for (int sb = 0; sb < 2; ++sb) {
+        const int ks = 4 * G + 2 * (j & 1) + sb;
+        const float e4[4] = {v[2 * sb], v[2 * sb + 4], v[2 * sb + 1], v[2 * sb + 5]};
+#pragma unroll
+        for (int part = 0; part < 3; ++part)
+          b.bt[ks * 12 + 4 * part + qp] = make_uint2(pf::pack_bf16(split3(e4[0], part), split3(e4[1], part)),
+                                                     pf::pack_bf16(split3(e4[2], part), split3(e4[3], part)));
+      }
+      bs[i] = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+    }
+    // Group sums: group G is blocks 8G..8G+7, i.e. lanes 8G..8G+7 (G < 4) of bs[0] and
+    // lanes 8(G-4).. of bs[1].
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float gsm = group_sum<8>(bs[i]);
+      if ((lane & 7) == 0) b.gsum[(lane >> 3) + 4 * i] = gsm;
+    }
+    __syncwarp();
+    float acc[2] = {0.f, 0.f};
+    mma_tile_dot<KI, NG>(q, scw, biw, b, 0, lane, acc);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) acc[h] = group_sum<4>(acc[h]);
+    if (t == 0) {
+      res[warp][g] = acc[0];
+      res[warp][g + 8] = acc[1];
+    }
+  }
+  if (tid < a.topk) wts[tid] = wk;
+  __syncthreads();
+  if (tid < kMmaTileRows) {
+    float acc = 0.f;
+    for (int m = 0; m < a.topk; ++m) acc += res[m][tid] * wts[m];
+    acc += sigmoid_f(sgt) * res[a.topk][tid];
+    a.x[r0 + tid] = xr + acc;
+  }
+}
+
 // moe_gate_up and moe_down in one launch: the first blocks are gate/up blocks, the rest down
 // blocks, which issue their expert rows' loads, then wait for every gate/up block. The
 // producers have the lower block indices, and the launcher requires more resident blocks than
@@ -379,6 +471,10 @@ void moe_gate_up_launch(const MoeGateUpArgs& a, cudaStream_t s) {
 }
 
 void moe_down_launch(const MoeDownArgs& a, cudaStream_t s) {
+  if (a.down.fmt == DFmt::Q4 && moe_mma_enabled() && a.topk <= kDownMmaMaxK) {
+    launch_pdl(moe_down_mma_kernel, dim3(unsigned(a.hidden / kMmaTileRows)), dim3(32 * kDownMmaWarps), 0, s, a);
+    return;
+  }
   const int blocks = int(a.hidden / kDownRows);
   switch (a.down.fmt) {
     case DFmt::Q4: launch_pdl(moe_down_kernel<DFmt::Q4, 512>, dim3(blocks), dim3(256), 0, s, a); break;

@@ -219,9 +219,9 @@ TEST(CudaBackend, MatchesCpuBackendQ4Pdl) {
   run_e2e_with(pdl_enabled, set_pdl_enabled, "programmatic dependent launch");
 }
 
-TEST(CudaBackend, MatchesCpuBackendQ4MoeMma) {  // q4 gate/up on the tensor cores
+TEST(CudaBackend, MatchesCpuBackendQ4MoeMma) {  // q4 experts on the tensor cores
   REQUIRE_GPU();
-  run_e2e_with(moe_mma_enabled, set_moe_mma_enabled, "the tensor-core gate/up");
+  run_e2e_with(moe_mma_enabled, set_moe_mma_enabled, "the tensor-core experts");
 }
 
 TEST(CudaBackend, MatchesCpuBackendQ4MoeFused) {  // moe_experts: gate/up and down in one launch

@@ -416,7 +416,7 @@ struct MoeCase {
   bool fused = false;  // moe_experts (one launch) instead of moe_gate_up + moe_down
   RoutePlace place = RoutePlace::Tail;  // where the routing runs
   RouteAlgo algo = RouteAlgo::Warp;
-  bool mma = false;  // q4 gate/up on the tensor cores (moe_gate_up_mma_kernel)
+  bool mma = false;  // q4 experts on the tensor cores (moe_gate_up_mma_kernel, moe_down_mma_kernel)
 };
 
 void run_moe(const MoeCase& c, uint32_t seed) {
@@ -528,13 +528,13 @@ void run_moe(const MoeCase& c, uint32_t seed) {
     moe_experts(MoeExpertsArgs{gu, dn, mc.as<unsigned>()}, nullptr);
     EXPECT_EQ(to_host<unsigned>(mc, 2), (std::vector<unsigned>{0u, 0u})) << "moe_experts counters not reset";
   } else {
-    set_moe_mma_enabled(c.mma);  // read at the launch
+    set_moe_mma_enabled(c.mma);  // read at the launches
     moe_gate_up(gu, nullptr);
-    set_moe_mma_enabled(false);
     moe_down(dn, nullptr);
+    set_moe_mma_enabled(false);
   }
   const std::string wh = fmt::format("moe E={} k={} {} router {}{} routing {} {}", c.E, c.topk, wformat_name(c.f),
-                                     wformat_name(c.fr), c.fused ? " fused" : c.mma ? " gate/up on tensor cores" : "",
+                                     wformat_name(c.fr), c.fused ? " fused" : c.mma ? " experts on tensor cores" : "",
                                      route_place_name(c.place), route_algo_name(c.algo));
   std::vector<float> got = to_host<float>(*dx, size_t(H));
   std::vector<float> dgot(static_cast<size_t>(H)), dwant(static_cast<size_t>(H));
@@ -565,7 +565,8 @@ TEST(CudaMoe, DecodeMatchesCpu) {
       run_moe({16, 4, WFormat::BF16, WFormat::BF16, false, p, al}, seed++);
       run_moe({8, 2, WFormat::Q4, WFormat::Q4, false, p, al}, seed++);
     }
-  // q4 gate/up on the tensor cores, with the routing before it and inside it.
+  // q4 experts on the tensor cores, with the routing before them and inside gate/up (top-k 16:
+  // the tensor-core gate/up and the scalar down).
   for (RoutePlace p : {RoutePlace::Kernel, RoutePlace::GateUp}) {
     run_moe({256, 8, WFormat::Q4, WFormat::Q8, false, p, RouteAlgo::Block, true}, seed++);
     run_moe({256, 16, WFormat::Q4, WFormat::Q8, false, p, RouteAlgo::Block, true}, seed++);

@@ -121,8 +121,14 @@ int main() {
     std::fflush(stdout);
   };
   out("gate_up_alone", time_graph(s, [&](int i) { moe_gate_up_launch(args(i).gu, s); }));
-  g_probe_moe_mma = true;  // moe_gate_up_mma_kernel (KESTREL_MOE_MMA=1)
+  g_probe_moe_mma = true;  // moe_gate_up_mma_kernel, moe_down_mma_kernel (KESTREL_MOE_MMA=1)
   out("gate_up_mma_alone", time_graph(s, [&](int i) { moe_gate_up_launch(args(i).gu, s); }));
+  out("down_mma_alone", time_graph(s, [&](int i) { moe_down_launch(args(i).dn, s); }));
+  out("two_launches_mma", time_graph(s, [&](int i) {
+        const MoeExpertsArgs a = args(i);
+        moe_gate_up_launch(a.gu, s);
+        moe_down_launch(a.dn, s);
+      }));
   g_probe_moe_mma = false;
   out("down_alone", time_graph(s, [&](int i) { moe_down_launch(args(i).dn, s); }));
   out("two_launches", time_graph(s, [&](int i) {
