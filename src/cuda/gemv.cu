@@ -128,7 +128,8 @@ __device__ __forceinline__ void route_tail(const RouteTail& r) {
   if (threadIdx.x == 0) *r.counter = 0u;
 }
 
-// One warp (RouteAlgo::Warp) or one block of kRouteBlockThreads.
+// One warp (RouteAlgo::Warp) or one block of kRouteBlockThreads. (The explicit branch, not
+// moe_route_any: this is the code measured at 2074b07/9266193; moe_route_any compiles to other SASS.)
 __global__ void __launch_bounds__(kRouteBlockThreads) decode_route_kernel(const __grid_constant__ DecodeRouteArgs a) {
   pdl_launch_dependents();
   pdl_wait();
@@ -576,9 +577,7 @@ bool try_launch_mma(const GemvArgs& a, int64_t total, cudaStream_t s) {
     if (a.M != 1 || !(v == 3 || (v == 1 && total >= kMmaRowsV1))) return false;
     for (int i = 0; i < a.nseg; ++i) {
       const DMat& w = a.seg[i].w;
-      if (w.fmt != DFmt::Q4 || (reinterpret_cast<uintptr_t>(w.data) | reinterpret_cast<uintptr_t>(w.scales) |
-                                reinterpret_cast<uintptr_t>(w.biases)) % 8 != 0)
-        return false;
+      if (w.fmt != DFmt::Q4 || !w.aligned8()) return false;
     }
     const int64_t tiles = (total + kMmaTileRows - 1) / kMmaTileRows;
     const int blocks = int(std::min<int64_t>(tiles, mma_resident_blocks<K>()));

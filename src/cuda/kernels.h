@@ -51,6 +51,12 @@ struct DMat {
   bool valid() const { return data != nullptr; }
   size_t row_bytes() const;  // bytes of codes/elements per row
   size_t nbytes() const;     // data + scales + biases
+  // Codes, scales and biases 8-byte aligned: the tensor-core q4 kernels' 8-byte loads
+  // (mma_dot.cuh) need it.
+  bool aligned8() const {
+    return (reinterpret_cast<uintptr_t>(data) | reinterpret_cast<uintptr_t>(scales) |
+            reinterpret_cast<uintptr_t>(biases)) % 8 == 0;
+  }
 };
 
 constexpr int kMaxGemvRows = 8;   // activation rows (M) a GEMV takes at once

@@ -53,7 +53,7 @@ int& moe_route_algo_flag() {
   static int f = env_choice("KESTREL_MOE_ROUTE_ALGO", {0, 1}, 1);
   return f;
 }
-// The sizes moe_route_warp (moe_route.cuh) handles, for the routing tail and the routing kernel.
+// The sizes the routing (moe_route.cuh, both algorithms) handles, wherever it runs.
 void check_routing(int E, int topk, const char* who) {
   KESTREL_CHECK(E >= 1 && E <= 512 && topk >= 1 && topk <= 16 && topk <= E,
                 "{}: E {} top-k {} (supported E <= 512, k <= 16)", who, E, topk);
@@ -203,10 +203,7 @@ void check_gate_up(const MoeGateUpArgs& a) {
   KESTREL_CHECK(int(a.algo) == 0 || int(a.algo) == 1, "moe_gate_up: routing algorithm {}", int(a.algo));
   KESTREL_CHECK(reinterpret_cast<uintptr_t>(a.h) % 16 == 0, "moe_gate_up: h not 16-byte aligned");
   if (a.gate.fmt == DFmt::Q4 && moe_mma_enabled())  // moe_gate_up_mma_kernel: 8-unit tiles, 8-byte loads
-    KESTREL_CHECK(a.I % 8 == 0 &&
-                      (reinterpret_cast<uintptr_t>(a.gate.data) | reinterpret_cast<uintptr_t>(a.gate.scales) |
-                       reinterpret_cast<uintptr_t>(a.gate.biases) | reinterpret_cast<uintptr_t>(a.up.data) |
-                       reinterpret_cast<uintptr_t>(a.up.scales) | reinterpret_cast<uintptr_t>(a.up.biases)) % 8 == 0,
+    KESTREL_CHECK(a.I % 8 == 0 && a.gate.aligned8() && a.up.aligned8(),
                   "moe_gate_up (tensor cores): I {} must be a multiple of 8 and the weights 8-byte aligned", a.I);
 }
 void check_down(const MoeDownArgs& a) {
@@ -229,11 +226,7 @@ void check_down(const MoeDownArgs& a) {
   KESTREL_CHECK(a.down.fmt == DFmt::Q4 || a.down.fmt == DFmt::Q8 || a.down.fmt == DFmt::BF16,
                 "moe_down: format {}", dfmt_name(a.down.fmt));
   if (a.down.fmt == DFmt::Q4 && moe_mma_enabled() && a.topk <= 8)  // moe_down_mma_kernel: 16-row tiles
-    KESTREL_CHECK(a.hidden % 16 == 0 &&
-                      (reinterpret_cast<uintptr_t>(a.down.data) | reinterpret_cast<uintptr_t>(a.down.scales) |
-                       reinterpret_cast<uintptr_t>(a.down.biases) | reinterpret_cast<uintptr_t>(a.shared_down.data) |
-                       reinterpret_cast<uintptr_t>(a.shared_down.scales) |
-                       reinterpret_cast<uintptr_t>(a.shared_down.biases)) % 8 == 0,
+    KESTREL_CHECK(a.hidden % 16 == 0 && a.down.aligned8() && a.shared_down.aligned8(),
                   "moe_down (tensor cores): hidden {} must be a multiple of 16 and the weights 8-byte aligned",
                   a.hidden);
 }

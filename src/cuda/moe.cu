@@ -23,6 +23,24 @@ namespace {
 constexpr int kMaxK = 16;
 
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+// The shared expert's activation silu(g) * u, 4 elements.
+__device__ __forceinline__ float4 silu_mul4(float4 g, float4 u) {
+  return make_float4(silu_f(g.x) * u.x, silu_f(g.y) * u.y, silu_f(g.z) * u.z, silu_f(g.w) * u.w);
+}
+
+// RoutePlace::GateUp: every block of a gate/up launch (256 threads) routes for itself into
+// sidx / sw (the same selection in each); block vb 0 also writes it for moe_down. Returns the
+// selection to read: sidx then, else a.topk_idx (routed before the launch).
+__device__ __forceinline__ const int* gate_up_selection(const MoeGateUpArgs& a, int vb, int* sidx, float* sw) {
+  if (a.logits == nullptr) return a.topk_idx;
+  moe_route_any(a.algo, a.logits, int(a.E), a.topk, sidx, sw);
+  __syncthreads();
+  if (vb == 0 && threadIdx.x < unsigned(a.topk)) {
+    a.route_idx[threadIdx.x] = sidx[threadIdx.x];
+    a.route_w[threadIdx.x] = sw[threadIdx.x];
+  }
+  return sidx;
+}
 
 // Tasks per warp: 2 for q4 (4 weight rows of 2 chunks per lane in flight), 1 otherwise.
 template <DFmt F>
@@ -46,19 +64,9 @@ __device__ __forceinline__ void gate_up_block(const MoeGateUpArgs& a, int vb) {
   float* xs = reinterpret_cast<float*>(xs4);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const float4 h0 = ld4(a.h + 4 * tid), h1 = ld4(a.h + 4 * (tid + 256));
-  // RoutePlace::GateUp: this block routes for itself (every block the same selection).
   __shared__ int sidx[kMaxK];
   __shared__ float sw[kMaxK];
-  const int* topk_idx = a.topk_idx;
-  if (a.logits != nullptr) {
-    moe_route_any(a.algo, a.logits, int(a.E), a.topk, sidx, sw);
-    __syncthreads();
-    if (vb == 0 && tid < a.topk) {
-      a.route_idx[tid] = sidx[tid];
-      a.route_w[tid] = sw[tid];
-    }
-    topk_idx = sidx;
-  }
+  const int* topk_idx = gate_up_selection(a, vb, sidx, sw);
   const int64_t ntask = int64_t(a.topk) * a.I;
   const int64_t t0 = (int64_t(vb) * 8 + warp) * TW;
   const DMat* w[2 * TW];
@@ -125,16 +133,7 @@ __global__ void __launch_bounds__(256, 3) moe_gate_up_mma_kernel(const __grid_co
   pdl_launch_dependents();
   pdl_wait();
   const float4 h0 = ld4(a.h + 4 * tid), h1 = ld4(a.h + 4 * (tid + 256));
-  const int* topk_idx = a.topk_idx;
-  if (a.logits != nullptr) {  // RoutePlace::GateUp: this block routes for itself
-    moe_route_any(a.algo, a.logits, int(a.E), a.topk, sidx, sw);
-    __syncthreads();
-    if (blockIdx.x == 0 && tid < a.topk) {
-      a.route_idx[tid] = sidx[tid];
-      a.route_w[tid] = sw[tid];
-    }
-    topk_idx = sidx;
-  }
+  const int* topk_idx = gate_up_selection(a, int(blockIdx.x), sidx, sw);
   const int per_slot = int(a.I) / kGuMmaRows;
   const int ntiles = a.topk * per_slot;
   const int G0 = warp * NG;
@@ -294,8 +293,7 @@ __device__ __forceinline__ void down_block(const MoeDownArgs& a, int vb, const u
           if (m < a.topk) {
             v[i] = __ldcg(reinterpret_cast<const float4*>(a.act + size_t(m) * KI + 4 * c));
           } else {
-            const float4 g = ld4(a.sg + 4 * c), u = ld4(a.su + 4 * c);
-            v[i] = make_float4(silu_f(g.x) * u.x, silu_f(g.y) * u.y, silu_f(g.z) * u.z, silu_f(g.w) * u.w);
+            v[i] = silu_mul4(ld4(a.sg + 4 * c), ld4(a.su + 4 * c));
           }
         }
       }
@@ -377,10 +375,8 @@ __global__ void __launch_bounds__(32 * kDownMmaWarps) moe_down_mma_kernel(const 
       float v[8];
       float4 lo, hi;
       if (shared) {
-        const float4 g0 = ld4(a.sg + 8 * j), g1 = ld4(a.sg + 8 * j + 4);
-        const float4 u0 = ld4(a.su + 8 * j), u1 = ld4(a.su + 8 * j + 4);
-        lo = make_float4(silu_f(g0.x) * u0.x, silu_f(g0.y) * u0.y, silu_f(g0.z) * u0.z, silu_f(g0.w) * u0.w);
-        hi = make_float4(silu_f(g1.x) * u1.x, silu_f(g1.y) * u1.y, silu_f(g1.z) * u1.z, silu_f(g1.w) * u1.w);
+        lo = silu_mul4(ld4(a.sg + 8 * j), ld4(a.su + 8 * j));
+        hi = silu_mul4(ld4(a.sg + 8 * j + 4), ld4(a.su + 8 * j + 4));
       } else {
         lo = __ldcg(reinterpret_cast<const float4*>(a.act + size_t(warp) * KI + 8 * j));
         hi = __ldcg(reinterpret_cast<const float4*>(a.act + size_t(warp) * KI + 8 * j + 4));
