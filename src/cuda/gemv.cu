@@ -568,13 +568,19 @@ int mma_resident_blocks() {
 // 2K-12K rows are slower on it (GDN in_proj 12.6 against 10.8 us, out_proj 9.8 against 7.7: one
 // load round trip per 16-row tile and block, with few tiles per block; bench/NOTES.md v10).
 constexpr int64_t kMmaRowsV1 = 65536;
+// Route 4 (candidate, measured against route 1 in gpu_check): route 1 plus the K = 2048 launches
+// of >= kMmaRowsV4 rows (GDN in_proj 12,352 rows, attention q+gate|k|v 9,216), where route 3
+// measured 11.65 against 12.2 us (a1ba571).
+constexpr int64_t kMmaRowsV4 = 8192;
 template <int K>
 bool try_launch_mma(const GemvArgs& a, int64_t total, cudaStream_t s) {
   if constexpr (K != 2048 && K != 4096) {
     return false;
   } else {
     const int v = gemv_version();
-    if (a.M != 1 || !(v == 3 || (v == 1 && total >= kMmaRowsV1))) return false;
+    const bool take = v == 3 || ((v == 1 || v == 4) && total >= kMmaRowsV1) ||
+                      (v == 4 && K == 2048 && total >= kMmaRowsV4);
+    if (a.M != 1 || !take) return false;
     for (int i = 0; i < a.nseg; ++i) {
       const DMat& w = a.seg[i].w;
       if (w.fmt != DFmt::Q4 || !w.aligned8()) return false;

@@ -34,7 +34,7 @@ int& pdl_flag() {
   return f;
 }
 int& gemv_flag() {
-  static int f = env_choice("KESTREL_GEMV", {1, 2, 3}, 1);
+  static int f = env_choice("KESTREL_GEMV", {1, 2, 3, 4}, 1);
   return f;
 }
 int& moe_fused_flag() {
