@@ -138,7 +138,7 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
   if [ "$BENCH" = 1 ]; then
     T0=$(date +%s)
     [ -x "$BIN/kestrel" ] || note "bench: no kestrel binary"
-    timeout 150 "$BIN/kestrel" bench --synthetic q4 --contexts 0,4096,32768,131072 --steps 128 --gemv 1,3,4 --pdl off \
+    timeout 150 "$BIN/kestrel" bench --synthetic q4 --contexts 0,4096,32768,131072 --steps 128 --gemv 1,3,4 --pdl both \
       --moe split,mma --route kernel --route-algo block --out "$W/results" > "$W/bench_q4.log" 2>&1
     note "bench q4: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_q4.log" | tee -a "$SUMMARY"
     T0=$(date +%s)
