@@ -53,7 +53,7 @@ struct BenchOpts {
   std::string out_dir = "bench/results";
   uint64_t seed = 1;
   std::string pdl = "off";  // programmatic dependent launch: off (the default route) | on | both
-  std::string moe = "split";  // MoE experts route(s): split, fused, mma; a comma list or all
+  std::string moe = "mma";  // MoE experts route(s): split, fused, mma (default); a comma list or all
   std::string route = "kernel";  // MoE routing place(s): tail (of the router GEMV), kernel (default), gate_up; a comma list or all
   std::string route_algo = "block";  // MoE routing algorithm(s): warp, block (default); a comma list or both
   std::string gemv = "1";    // GEMV route(s) for M = 1: 1, 2, 3, 4; a comma list or all

@@ -254,8 +254,9 @@ bool moe_fused_enabled();
 void set_moe_fused_enabled(bool on);
 // The q4 MoE experts on the tensor cores (moe_gate_up_mma_kernel, and moe_down_mma_kernel for
 // top-k <= 8; larger top-k keeps the scalar moe_down), the dot core of GEMV route 3:
-// KESTREL_MOE_MMA=1; default off (written after a1ba571, not yet run on a GPU). Read when kernels
-// are launched or captured. The fused launch (moe_experts) does not use it.
+// the default (KESTREL_MOE_MMA=0 for the scalar moe_gate_up/moe_down: on the H200 at 4aabe9a, q4
+// ctx 0 522.1 vs 468.9 tok/s; moe_probe 13.2 vs 18.4 us per layer for the two launches). Read when
+// kernels are launched or captured. The fused launch (moe_experts) does not use it.
 bool moe_mma_enabled();
 void set_moe_mma_enabled(bool on);
 

@@ -207,26 +207,27 @@ TEST(CudaBackend, MatchesCpuBackendQ4) {
 
 // A boolean route (read when the sequences' graphs are captured) switched on for one q4 run:
 // the other tests run with it off, its default.
-void run_e2e_with(bool (*enabled)(), void (*set)(bool), const char* what) {
-  ASSERT_FALSE(enabled()) << what << " is off by default";
-  set(true);
+// One q4 run with a route switch turned away from its default (`dflt`), then back.
+void run_e2e_with(bool (*enabled)(), void (*set)(bool), bool dflt, const char* what) {
+  ASSERT_EQ(enabled(), dflt) << what << " is " << (dflt ? "on" : "off") << " by default";
+  set(!dflt);
   run_e2e(WFormat::Q4, WFormat::Q8, 2);
-  set(false);
+  set(dflt);
 }
 
 TEST(CudaBackend, MatchesCpuBackendQ4Pdl) {
   REQUIRE_GPU();
-  run_e2e_with(pdl_enabled, set_pdl_enabled, "programmatic dependent launch");
+  run_e2e_with(pdl_enabled, set_pdl_enabled, false, "programmatic dependent launch");
 }
 
-TEST(CudaBackend, MatchesCpuBackendQ4MoeMma) {  // q4 experts on the tensor cores
+TEST(CudaBackend, MatchesCpuBackendQ4MoeScalar) {  // q4 experts off the tensor cores (the former default)
   REQUIRE_GPU();
-  run_e2e_with(moe_mma_enabled, set_moe_mma_enabled, "the tensor-core experts");
+  run_e2e_with(moe_mma_enabled, set_moe_mma_enabled, true, "the tensor-core experts");
 }
 
 TEST(CudaBackend, MatchesCpuBackendQ4MoeFused) {  // moe_experts: gate/up and down in one launch
   REQUIRE_GPU();
-  run_e2e_with(moe_fused_enabled, set_moe_fused_enabled, "the fused MoE launch");
+  run_e2e_with(moe_fused_enabled, set_moe_fused_enabled, false, "the fused MoE launch");
 }
 
 // A routing place and algorithm (read when the sequences' graphs are captured) for one q4 run;

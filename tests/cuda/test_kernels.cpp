@@ -532,7 +532,7 @@ void run_moe(const MoeCase& c, uint32_t seed) {
     set_moe_mma_enabled(c.mma);  // read at the launches
     moe_gate_up(gu, nullptr);
     moe_down(dn, nullptr);
-    set_moe_mma_enabled(false);
+    set_moe_mma_enabled(true);  // the default
   }
   const std::string wh = fmt::format("moe E={} k={} {} router {}{} routing {} {}", c.E, c.topk, wformat_name(c.f),
                                      wformat_name(c.fr), c.fused ? " fused" : c.mma ? " experts on tensor cores" : "",

@@ -12,6 +12,7 @@
 #include "probe_engine.cuh"
 
 #include <numeric>
+#include <string>
 #include <random>
 
 namespace kestrel::cuda {
@@ -129,6 +130,13 @@ int main() {
         moe_gate_up_launch(a.gu, s);
         moe_down_launch(a.dn, s);
       }));
+  // The tensor-core gate/up at other grids (512 tiles; the launcher takes min(tiles, resident)):
+  // one wave of 132 or 264 blocks, 256 blocks of 2 tiles, every tile its own block.
+  for (int grid : {132, 256, 264, 512}) {
+    const std::string name = "gate_up_mma_grid" + std::to_string(grid);
+    out(name.c_str(), time_graph(s, [&](int i) { moe_gate_up_mma_kernel<<<grid, 256, 0, s>>>(args(i).gu); }));
+  }
+  out("gate_up_mma_resident_blocks", double(gate_up_mma_resident()));
   g_probe_moe_mma = false;
   out("down_alone", time_graph(s, [&](int i) { moe_down_launch(args(i).dn, s); }));
   out("two_launches", time_graph(s, [&](int i) {
