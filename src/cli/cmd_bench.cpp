@@ -56,7 +56,7 @@ struct BenchOpts {
   std::string moe = "mma";  // MoE experts route(s): split, fused, mma (default); a comma list or all
   std::string route = "kernel";  // MoE routing place(s): tail (of the router GEMV), kernel (default), gate_up; a comma list or all
   std::string route_algo = "block";  // MoE routing algorithm(s): warp, block (default); a comma list or both
-  std::string gemv = "1";    // GEMV route(s) for M = 1: 1, 2, 3, 4; a comma list or all
+  std::string gemv = "1";    // GEMV route(s) for M = 1: 1, 2, 3; a comma list or all
   std::string prefill;       // prompt lengths: run the prefill benchmark instead of decode
   int prefill_runs = 3;      // timed runs per prompt of <= 8192 tokens (one for longer)
   std::string prefill_aprec = "split";  // GEMM route of fp32 activations: split | f16 | both
@@ -290,7 +290,7 @@ void run_bench(const BenchOpts& o) {
     return v;
   };
   std::vector<int> gemv_modes;
-  for (int i : choose(o.gemv, "--gemv", "all", {"1", "2", "3", "4"})) gemv_modes.push_back(i + 1);
+  for (int i : choose(o.gemv, "--gemv", "all", {"1", "2", "3"})) gemv_modes.push_back(i + 1);
   std::vector<bool> pdl_modes;
   if (o.pdl != "on") pdl_modes.push_back(false);
   if (o.pdl != "off") pdl_modes.push_back(true);
@@ -396,7 +396,7 @@ void setup_bench(CLI::App& root) {
   c->add_option("--moe", o->moe,
                 "MoE experts route: split (two launches), fused (one launch), mma (split, q4 experts on the "
                 "tensor cores); a comma list or all (one record each)");
-  c->add_option("--gemv", o->gemv, "GEMV route for M = 1: 1, 2, 3 (tensor cores, q4), 4 (1 + in_proj/qkv on 3); a comma list or all (one record each)");
+  c->add_option("--gemv", o->gemv, "GEMV route for M = 1: 1, 2, 3 (tensor cores, q4); a comma list or all (one record each)");
   c->add_option("--prefill", o->prefill,
                 "Comma-separated prompt lengths: benchmark prompts (prefill) instead of decode");
   c->add_option("--prefill-runs", o->prefill_runs, "Timed runs per prompt of <= 8192 tokens (median)");

@@ -565,21 +565,20 @@ int mma_resident_blocks() {
 // biases (every decode projection of a q4 checkpoint but the router's, whose rows are q8).
 // Route 1 takes the same kernel for such launches of >= kMmaRowsV1 rows (lm_head): measured on
 // the H200 at 2074b07, lm_head 121.9 us against 137.2 on the v1 kernel, while the projections of
-// 2K-12K rows are slower on it (GDN in_proj 12.6 against 10.8 us, out_proj 9.8 against 7.7: one
-// load round trip per 16-row tile and block, with few tiles per block; bench/NOTES.md v10).
+// 2K-4K rows are slower on it (out_proj 8.2 against 7.7 us at a1ba571: one load round trip per
+// 16-row tile and block, with few tiles per block; bench/NOTES.md v10). It also takes the K = 2048
+// launches of >= kMmaRowsK2048 rows (GDN in_proj 12,352 rows, attention q+gate|k|v 9,216): 11.65
+// against 12.2 us per in_proj (a1ba571), end to end q4 ctx 0 529.1 against 525.9 tok/s (0ebcc86,
+// measured as the candidate route 4; bench/NOTES.md v12).
 constexpr int64_t kMmaRowsV1 = 65536;
-// Route 4 (candidate, measured against route 1 in gpu_check): route 1 plus the K = 2048 launches
-// of >= kMmaRowsV4 rows (GDN in_proj 12,352 rows, attention q+gate|k|v 9,216), where route 3
-// measured 11.65 against 12.2 us (a1ba571).
-constexpr int64_t kMmaRowsV4 = 8192;
+constexpr int64_t kMmaRowsK2048 = 8192;
 template <int K>
 bool try_launch_mma(const GemvArgs& a, int64_t total, cudaStream_t s) {
   if constexpr (K != 2048 && K != 4096) {
     return false;
   } else {
     const int v = gemv_version();
-    const bool take = v == 3 || ((v == 1 || v == 4) && total >= kMmaRowsV1) ||
-                      (v == 4 && K == 2048 && total >= kMmaRowsV4);
+    const bool take = v == 3 || (v == 1 && (total >= kMmaRowsV1 || (K == 2048 && total >= kMmaRowsK2048)));
     if (a.M != 1 || !take) return false;
     for (int i = 0; i < a.nseg; ++i) {
       const DMat& w = a.seg[i].w;

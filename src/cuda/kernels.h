@@ -28,8 +28,8 @@ void set_pdl_enabled(bool on);
 // 2 = several rows per warp with the first weight loads issued before the activation staging
 // (KESTREL_GEMV=2 selects it), 3 = the dot products on the tensor cores for launches whose
 // segments are all q4 (gemv.cu; the others take route 1) (KESTREL_GEMV=3). Route 1 also takes the
-// tensor-core kernel for all-q4 launches of >= 65536 rows (lm_head), where it measured faster;
-// 4 = route 1 plus the all-q4 K = 2048 launches of >= 8192 rows on it (a candidate being measured).
+// tensor-core kernel for the all-q4 launches where it measured faster: >= 65536 rows (lm_head),
+// and K = 2048 with >= 8192 rows (GDN in_proj, attention q+gate|k|v).
 // Read when kernels are launched or captured.
 int gemv_version();
 void set_gemv_version(int v);

@@ -34,7 +34,7 @@ int& pdl_flag() {
   return f;
 }
 int& gemv_flag() {
-  static int f = env_choice("KESTREL_GEMV", {1, 2, 3, 4}, 1);
+  static int f = env_choice("KESTREL_GEMV", {1, 2, 3}, 1);
   return f;
 }
 int& moe_fused_flag() {
@@ -63,7 +63,7 @@ bool pdl_enabled() { return pdl_flag() != 0; }
 void set_pdl_enabled(bool on) { pdl_flag() = on ? 1 : 0; }
 int gemv_version() { return gemv_flag(); }
 void set_gemv_version(int v) {
-  KESTREL_CHECK(v >= 1 && v <= 4, "GEMV version {} (1, 2, 3 or 4)", v);
+  KESTREL_CHECK(v >= 1 && v <= 3, "GEMV version {} (1, 2 or 3)", v);
   gemv_flag() = v;
 }
 
