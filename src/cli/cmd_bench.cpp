@@ -54,7 +54,7 @@ struct BenchOpts {
   uint64_t seed = 1;
   std::string pdl = "off";  // programmatic dependent launch: off (the default route) | on | both
   std::string moe = "mma";  // MoE experts route(s): split, fused, mma (default); a comma list or all
-  std::string route = "kernel";  // MoE routing place(s): tail (of the router GEMV), kernel (default), gate_up; a comma list or all
+  std::string route = "auto";  // MoE routing place(s): tail (of the router GEMV), kernel, gate_up, auto (default); a comma list or all
   std::string route_algo = "block";  // MoE routing algorithm(s): warp, block (default); a comma list or both
   std::string gemv = "1";    // GEMV route(s) for M = 1: 1, 2, 3; a comma list or all
   std::string prefill;       // prompt lengths: run the prefill benchmark instead of decode
@@ -298,7 +298,7 @@ void run_bench(const BenchOpts& o) {
   const std::vector<std::string> moe_names = {"split", "fused", "mma"};
   const std::vector<int> moe_modes = choose(o.moe, "--moe", "all", moe_names);
   // Indices are the RoutePlace / RouteAlgo values.
-  const std::vector<int> route_places = choose(o.route, "--route", "all", {"tail", "kernel", "gate_up"});
+  const std::vector<int> route_places = choose(o.route, "--route", "all", {"tail", "kernel", "gate_up", "auto"});
   const std::vector<int> route_algos = choose(o.route_algo, "--route-algo", "both", {"warp", "block"});
   nlohmann::json records = nlohmann::json::array();
   std::printf("%-8s %4s %4s %5s %7s %5s %9s %10s %10s %11s %10s %8s\n", "weights", "gemv", "pdl", "moe", "route",
@@ -328,6 +328,7 @@ void run_bench(const BenchOpts& o) {
     cuda::set_moe_mma_enabled(md.moe == 2);
     cuda::set_moe_route_place(md.place);
     cuda::set_moe_route_algo(md.algo);
+    const char* place = cuda::route_place_name(cuda::RoutePlace(cuda::decode_route_place(*b)));  // Auto resolved
     const SeqId s = b->create_sequence(std::max<int64_t>(ctx + o.warmup + o.steps + 1, 64));
     if (ctx > 0) cuda::set_synthetic_context(*b, s, ctx, o.seed + uint64_t(ctx));
     auto t = cuda::time_decode_steps(*b, s, 1, o.warmup, o.steps);
@@ -336,7 +337,7 @@ void run_bench(const BenchOpts& o) {
     const double bytes = cuda::decode_step_bytes(*b, ctx);
     const double tps = 1.0 / med, gbs = bytes / med / 1e9, floor = kBandwidth / bytes;
     std::printf("%-8s %4d %4s %5s %7s %5s %9lld %10.4f %10.1f %11.1f %10.1f %7.1f%%\n", weights.c_str(),
-                md.gemv, pdl ? "on" : "off", moe_names[size_t(md.moe)].c_str(), cuda::route_place_name(md.place),
+                md.gemv, pdl ? "on" : "off", moe_names[size_t(md.moe)].c_str(), place,
                 cuda::route_algo_name(md.algo), (long long)ctx,
                 med * 1e3, tps, gbs, floor, 100.0 * tps / floor);
     std::fflush(stdout);
@@ -357,7 +358,8 @@ void run_bench(const BenchOpts& o) {
                        {"pdl", pdl},
                        {"gemv_route", md.gemv},
                        {"moe_route", moe_names[size_t(md.moe)].c_str()},
-                       {"routing", cuda::route_place_name(md.place)},
+                       {"routing", place},
+                       {"routing_requested", cuda::route_place_name(md.place)},
                        {"routing_algo", cuda::route_algo_name(md.algo)},
                        {"gpu", gpu},
                        {"git_sha", sha},
@@ -390,7 +392,8 @@ void setup_bench(CLI::App& root) {
   c->add_option("--pdl", o->pdl, "Programmatic dependent launch: on, off or both (one record each)");
   c->add_option("--route", o->route,
                 "MoE routing place: tail (last block of the router GEMV), kernel (its own launch), gate_up "
-                "(every block of moe_gate_up routes for itself); a comma list or all (one record each)");
+                "(every block of moe_gate_up routes for itself), auto (the default: gate_up for q4 experts on the "
+                "tensor cores, else kernel); a comma list or all (one record each)");
   c->add_option("--route-algo", o->route_algo,
                 "MoE routing algorithm: warp (one warp) or block (256 threads); a comma list or both");
   c->add_option("--moe", o->moe,

@@ -801,7 +801,7 @@ class CudaBackend final : public Backend {
     g.seg[3] = GemvSeg{d.sh_up, Epilogue::Store, sc_.su, d.sh_up.rows, nullptr, nullptr, nullptr};
     g.nseg = 4;
     // Routing route and algorithm: read when the step is recorded.
-    const RoutePlace place = moe_route_place();
+    const RoutePlace place = resolve_route_place(moe_route_place(), d.gate.fmt);
     const RouteAlgo algo = moe_route_algo();
     const bool fused = moe_fused_enabled();
     KESTREL_CHECK(!(fused && place == RoutePlace::GateUp),
@@ -949,6 +949,11 @@ void set_synthetic_context(Backend& b, SeqId seq, int64_t context, uint64_t seed
   as_cuda(b).synthetic_context(seq, context, seed);
 }
 double decode_step_bytes(const Backend& b, int64_t context) { return as_cuda(b).step_bytes(context); }
+int decode_route_place(const Backend& b) {
+  const DModel& m = as_cuda(b).model();
+  KESTREL_CHECK(!m.layers.empty(), "decode_route_place: a model without layers");
+  return int(resolve_route_place(moe_route_place(), m.layers.front().gate.fmt));
+}
 std::vector<double> time_decode_steps(Backend& b, SeqId seq, int32_t first, int warmup, int steps) {
   return as_cuda(b).time_steps(seq, first, warmup, steps);
 }

@@ -48,6 +48,10 @@ void set_synthetic_context(Backend& b, SeqId seq, int64_t context, uint64_t seed
 // with top-k experts, GDN/conv state read + written, KV read), for achieved-bandwidth figures.
 double decode_step_bytes(const Backend& b, int64_t context);
 
+// The MoE routing place the decode step records with under the current route switches (for the
+// records of benchmarks: the Auto default resolved for this model's experts); 0..2, RoutePlace.
+int decode_route_place(const Backend& b);
+
 // Timed greedy decode for benchmarks: per-step device times (seconds) of `steps` graph replays
 // after `warmup` untimed ones, starting from token `first`.
 std::vector<double> time_decode_steps(Backend& b, SeqId seq, int32_t first, int warmup, int steps);

@@ -94,13 +94,20 @@ struct GemvSeg {
 enum class RouteAlgo : int { Warp = 0, Block = 1 };
 // Where the decode step routes: in the last block of the router GEMV (Tail), as a launch of its
 // own after it (Kernel), or in every block of moe_gate_up, which needs the selection first
-// (GateUp: no extra launch and no serial tail; block 0 writes the selection for moe_down).
-enum class RoutePlace : int { Tail = 0, Kernel = 1, GateUp = 2 };
-// KESTREL_MOE_ROUTING=0|1|2 (place) and KESTREL_MOE_ROUTE_ALGO=0|1; read when the step is recorded.
-// Defaults: Kernel + Block, measured fastest of the six on the H200 (d4a7e1e, bench/NOTES.md v9:
-// q4 ctx 0 447.0 tok/s against 431.8 for the former Tail + Warp; bf16 359.9 against 349.1).
+// (GateUp: no extra launch and no serial tail; block 0 writes the selection for moe_down). Auto
+// (the default) resolves per model in resolve_route_place.
+enum class RoutePlace : int { Tail = 0, Kernel = 1, GateUp = 2, Auto = 3 };
+// KESTREL_MOE_ROUTING=0|1|2|3 (place) and KESTREL_MOE_ROUTE_ALGO=0|1; read when the step is
+// recorded. Defaults: Auto + Block. Block measured fastest with every place (d4a7e1e, bench/NOTES.md
+// v9). Places measured on the H200 at 1e54141 (bench/NOTES.md v12): with the q4 experts on the
+// tensor cores GateUp beats Kernel (q4 ctx 0 535.1 against 524.2 tok/s, 4K 518.9 against 509.3),
+// with the scalar bf16 experts Kernel beats GateUp (370.5 against 363.9).
 RoutePlace moe_route_place();
 void set_moe_route_place(RoutePlace p);
+// The place a step records with for experts of format `experts` under the current switches: `p`
+// unless it is Auto; Auto is GateUp when moe_gate_up takes the tensor-core kernel (q4 experts,
+// moe_mma_enabled, not the fused launch), else Kernel.
+RoutePlace resolve_route_place(RoutePlace p, DFmt experts);
 RouteAlgo moe_route_algo();
 void set_moe_route_algo(RouteAlgo a);
 const char* route_place_name(RoutePlace p);

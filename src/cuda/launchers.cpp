@@ -46,7 +46,7 @@ int& moe_mma_flag() {
   return f;
 }
 int& moe_route_place_flag() {
-  static int f = env_choice("KESTREL_MOE_ROUTING", {0, 1, 2}, 1);
+  static int f = env_choice("KESTREL_MOE_ROUTING", {0, 1, 2, 3}, 3);
   return f;
 }
 int& moe_route_algo_flag() {
@@ -238,8 +238,12 @@ void set_moe_mma_enabled(bool on) { moe_mma_flag() = on ? 1 : 0; }
 void set_moe_fused_enabled(bool on) { moe_fused_flag() = on ? 1 : 0; }
 RoutePlace moe_route_place() { return RoutePlace(moe_route_place_flag()); }
 void set_moe_route_place(RoutePlace p) {
-  KESTREL_CHECK(int(p) >= 0 && int(p) <= 2, "routing place {}", int(p));
+  KESTREL_CHECK(int(p) >= 0 && int(p) <= 3, "routing place {}", int(p));
   moe_route_place_flag() = int(p);
+}
+RoutePlace resolve_route_place(RoutePlace p, DFmt experts) {
+  if (p != RoutePlace::Auto) return p;
+  return experts == DFmt::Q4 && moe_mma_enabled() && !moe_fused_enabled() ? RoutePlace::GateUp : RoutePlace::Kernel;
 }
 RouteAlgo moe_route_algo() { return RouteAlgo(moe_route_algo_flag()); }
 void set_moe_route_algo(RouteAlgo a) {
@@ -247,7 +251,13 @@ void set_moe_route_algo(RouteAlgo a) {
   moe_route_algo_flag() = int(a);
 }
 const char* route_place_name(RoutePlace p) {
-  return p == RoutePlace::Tail ? "tail" : p == RoutePlace::Kernel ? "kernel" : "gate_up";
+  switch (p) {
+    case RoutePlace::Tail: return "tail";
+    case RoutePlace::Kernel: return "kernel";
+    case RoutePlace::GateUp: return "gate_up";
+    case RoutePlace::Auto: return "auto";
+  }
+  return "?";
 }
 const char* route_algo_name(RouteAlgo a) { return a == RouteAlgo::Block ? "block" : "warp"; }
 

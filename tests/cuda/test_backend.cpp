@@ -231,20 +231,46 @@ TEST(CudaBackend, MatchesCpuBackendQ4MoeFused) {  // moe_experts: gate/up and do
 }
 
 // A routing place and algorithm (read when the sequences' graphs are captured) for one q4 run;
-// the other tests run with the defaults (the routing kernel, the block algorithm).
+// the other tests run with the defaults (Auto: inside gate/up for q4 experts on the tensor cores,
+// the routing kernel otherwise; the block algorithm).
 void run_e2e_routing(RoutePlace p, RouteAlgo al) {
-  ASSERT_EQ(moe_route_place(), RoutePlace::Kernel) << "the routing kernel is the default";
+  ASSERT_EQ(moe_route_place(), RoutePlace::Auto) << "the per-model place is the default";
   ASSERT_EQ(moe_route_algo(), RouteAlgo::Block) << "the block routing is the default";
   set_moe_route_place(p);
   set_moe_route_algo(al);
   run_e2e(WFormat::Q4, WFormat::Q8, 2);
-  set_moe_route_place(RoutePlace::Kernel);
+  set_moe_route_place(RoutePlace::Auto);
   set_moe_route_algo(RouteAlgo::Block);
+}
+
+// The Auto place's choice; host only (no GPU needed).
+TEST(CudaRoutes, AutoPlaceFollowsTheExpertKernel) {
+  ASSERT_EQ(moe_route_place(), RoutePlace::Auto);
+  ASSERT_TRUE(moe_mma_enabled());
+  ASSERT_FALSE(moe_fused_enabled());
+  EXPECT_EQ(resolve_route_place(RoutePlace::Auto, DFmt::Q4), RoutePlace::GateUp);
+  EXPECT_EQ(resolve_route_place(RoutePlace::Auto, DFmt::BF16), RoutePlace::Kernel);
+  EXPECT_EQ(resolve_route_place(RoutePlace::Auto, DFmt::Q8), RoutePlace::Kernel);
+  for (RoutePlace p : {RoutePlace::Tail, RoutePlace::Kernel, RoutePlace::GateUp})
+    EXPECT_EQ(resolve_route_place(p, DFmt::Q4), p) << "an explicit place is kept";
+  set_moe_mma_enabled(false);  // the scalar gate/up: routing before it
+  EXPECT_EQ(resolve_route_place(RoutePlace::Auto, DFmt::Q4), RoutePlace::Kernel);
+  set_moe_mma_enabled(true);
+  set_moe_fused_enabled(true);  // the fused launch needs the selection before it
+  EXPECT_EQ(resolve_route_place(RoutePlace::Auto, DFmt::Q4), RoutePlace::Kernel);
+  set_moe_fused_enabled(false);
+  EXPECT_THROW(set_moe_route_place(RoutePlace(4)), std::exception);
+  EXPECT_STREQ(route_place_name(RoutePlace::Auto), "auto");
 }
 
 TEST(CudaBackend, MatchesCpuBackendQ4RouteTailWarp) {  // the former default: one warp in the router GEMV's tail
   REQUIRE_GPU();
   run_e2e_routing(RoutePlace::Tail, RouteAlgo::Warp);
+}
+
+TEST(CudaBackend, MatchesCpuBackendQ4RouteKernelBlock) {  // the routing kernel (the bf16 default)
+  REQUIRE_GPU();
+  run_e2e_routing(RoutePlace::Kernel, RouteAlgo::Block);
 }
 
 TEST(CudaBackend, MatchesCpuBackendQ4RouteTailBlock) {  // the 256-thread routing in the router GEMV's tail
