@@ -127,7 +127,7 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
   if [ "$SANITIZE" = 1 ]; then
     T0=$(date +%s)
     timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
-      "$BIN/test_cuda" --gtest_filter='CudaGemv.FusedSegments*:CudaGemv.RejectsBadShapes:CudaGdn.Decode*:CudaBackend.MatchesCpuBackendQ4:CudaBackend.MatchesCpuBackendQ4MoeFused:CudaBackend.MatchesCpuBackendQ4RouteGateUp:CudaBackend.MatchesCpuBackendQ4MoeScalar:PrefillOps.*' \
+      "$BIN/test_cuda" --gtest_filter='CudaGemv.FusedSegments*:CudaGemv.RejectsBadShapes:CudaGdn.Decode*:CudaBackend.MatchesCpuBackendQ4:CudaBackend.MatchesCpuBackendQ4MoeFused:CudaBackend.MatchesCpuBackendQ4RouteGateUp:CudaBackend.MatchesCpuBackendQ4MoeScalar:CudaBackend.MatchesCpuBackendQ4GemvV5:PrefillOps.*' \
       > "$W/sanitizer.log" 2>&1
     note "compute-sanitizer memcheck: rc=$? in $(( $(date +%s) - T0 )) s"
     grep -E "ERROR SUMMARY|========= (Invalid|Error)" "$W/sanitizer.log" | head -10 | tee -a "$SUMMARY"
@@ -138,8 +138,8 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
   if [ "$BENCH" = 1 ]; then
     T0=$(date +%s)
     [ -x "$BIN/kestrel" ] || note "bench: no kestrel binary"
-    timeout 150 "$BIN/kestrel" bench --synthetic q4 --contexts 0,4096,32768,131072 --steps 128 --gemv 1 --pdl off \
-      --moe mma,split --route auto,kernel --route-algo block --out "$W/results" > "$W/bench_q4.log" 2>&1
+    timeout 240 "$BIN/kestrel" bench --synthetic q4 --contexts 0,4096,32768,131072 --steps 128 --gemv ${BENCH_GEMV:-1,5,5x2} \
+      --pdl ${BENCH_PDL:-both} --moe mma --route auto --route-algo block --out "$W/results" > "$W/bench_q4.log" 2>&1
     note "bench q4: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_q4.log" | tee -a "$SUMMARY"
     T0=$(date +%s)
     timeout 80 "$BIN/kestrel" bench --synthetic bf16 --contexts 0,4096 --steps 128 --gemv 2 --pdl off \

@@ -289,8 +289,11 @@ void run_bench(const BenchOpts& o) {
     KESTREL_CHECK(!v.empty(), "{}: no values given", flag);
     return v;
   };
+  // GEMV routes: 1, 2, 3, 5 (streamed, 1 block per SM) and 5x2 (the same at 2 blocks per SM),
+  // encoded as route * 10 + blocks per SM.
   std::vector<int> gemv_modes;
-  for (int i : choose(o.gemv, "--gemv", "all", {"1", "2", "3"})) gemv_modes.push_back(i + 1);
+  const int gemv_codes[] = {11, 21, 31, 51, 52};
+  for (int i : choose(o.gemv, "--gemv", "all", {"1", "2", "3", "5", "5x2"})) gemv_modes.push_back(gemv_codes[i]);
   std::vector<bool> pdl_modes;
   if (o.pdl != "on") pdl_modes.push_back(false);
   if (o.pdl != "off") pdl_modes.push_back(true);
@@ -323,7 +326,8 @@ void run_bench(const BenchOpts& o) {
   for (const Mode& md : modes) {
     const bool pdl = md.pdl;
     cuda::set_pdl_enabled(pdl);  // both read when the sequence's graph is captured
-    cuda::set_gemv_version(md.gemv);
+    cuda::set_gemv_version(md.gemv / 10);
+    cuda::set_gemv_stream_blocks_per_sm(md.gemv % 10);
     cuda::set_moe_fused_enabled(md.moe == 1);
     cuda::set_moe_mma_enabled(md.moe == 2);
     cuda::set_moe_route_place(md.place);
@@ -336,8 +340,9 @@ void run_bench(const BenchOpts& o) {
     const double med = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
     const double bytes = cuda::decode_step_bytes(*b, ctx);
     const double tps = 1.0 / med, gbs = bytes / med / 1e9, floor = kBandwidth / bytes;
-    std::printf("%-8s %4d %4s %5s %7s %5s %9lld %10.4f %10.1f %11.1f %10.1f %7.1f%%\n", weights.c_str(),
-                md.gemv, pdl ? "on" : "off", moe_names[size_t(md.moe)].c_str(), place,
+    const std::string gname = std::to_string(md.gemv / 10) + (md.gemv % 10 == 2 ? "x2" : "");
+    std::printf("%-8s %4s %4s %5s %7s %5s %9lld %10.4f %10.1f %11.1f %10.1f %7.1f%%\n", weights.c_str(),
+                gname.c_str(), pdl ? "on" : "off", moe_names[size_t(md.moe)].c_str(), place,
                 cuda::route_algo_name(md.algo), (long long)ctx,
                 med * 1e3, tps, gbs, floor, 100.0 * tps / floor);
     std::fflush(stdout);
@@ -356,7 +361,8 @@ void run_bench(const BenchOpts& o) {
                        {"fraction_of_floor", tps / floor},
                        {"layers", b->config().num_layers},
                        {"pdl", pdl},
-                       {"gemv_route", md.gemv},
+                       {"gemv_route", md.gemv / 10},
+                       {"gemv_stream_blocks_per_sm", md.gemv % 10},
                        {"moe_route", moe_names[size_t(md.moe)].c_str()},
                        {"routing", place},
                        {"routing_requested", cuda::route_place_name(md.place)},
@@ -399,7 +405,7 @@ void setup_bench(CLI::App& root) {
   c->add_option("--moe", o->moe,
                 "MoE experts route: split (two launches), fused (one launch), mma (split, q4 experts on the "
                 "tensor cores); a comma list or all (one record each)");
-  c->add_option("--gemv", o->gemv, "GEMV route for M = 1: 1, 2, 3 (tensor cores, q4); a comma list or all (one record each)");
+  c->add_option("--gemv", o->gemv, "GEMV route for M = 1: 1, 2, 3 (tensor cores, q4), 5 (streamed by bulk copies, q4), 5x2 (5 at 2 blocks per SM); a comma list or all (one record each)");
   c->add_option("--prefill", o->prefill,
                 "Comma-separated prompt lengths: benchmark prompts (prefill) instead of decode");
   c->add_option("--prefill-runs", o->prefill_runs, "Timed runs per prompt of <= 8192 tokens (median)");

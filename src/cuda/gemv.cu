@@ -6,6 +6,7 @@
 #include "cuda/gemv_core.cuh"
 #include "cuda/mma_dot.cuh"
 #include "cuda/moe_route.cuh"
+#include "cuda/tma.cuh"
 
 #include <algorithm>
 #include <mutex>
@@ -503,6 +504,172 @@ __global__ void __launch_bounds__(kThreads, kMmaMinBlocks<K>) gemv_mma_kernel(co
   if (a.route.logits != nullptr) route_tail(a.route);
 }
 
+// ---- v5 (M = 1, every segment q4, K = 2048 or 4096): the weights streamed into shared memory by
+// bulk copies (tma.cuh), the dot products on the tensor cores as v3. Why (bench/NOTES.md v13): in
+// v1-v3 a warp's bytes in flight are its registers, and each round trip (issue, wait, dot, reduce)
+// leaves DRAM idle in between, so the projections of 2-14 MB reach 0.6-1.3 TB/s. Here one thread
+// per block requests every 16-row tile of the block's share (up to kStages of them) the moment the
+// block starts, before it waits on the previous kernel and stages x; the tiles land in a ring of
+// shared-memory stages, each completing an mbarrier, and are refilled as soon as consumed.
+// A tile is 16 rows of one segment (segments are tiled separately: no tile straddles two
+// matrices); each row is its own copy into a row slot padded by 16 bytes, so that the A-fragment
+// loads of 8 rows hit distinct banks. Block b takes the tiles b, b + grid, ...
+template <int K>
+struct StreamCfg {
+  static constexpr int kStages = K == 2048 ? 4 : 2;
+  static constexpr int kRowBytes = K / 2;
+  static constexpr int kRowStride = kRowBytes + 16;
+  static constexpr int kGroups = K / 64;
+  static constexpr int kWBytes = kMmaTileRows * kRowStride;
+  static constexpr int kSBytes = kMmaTileRows * kGroups * 2;  // one tile's scales (its biases: the same)
+  static constexpr int kStageBytes = kWBytes + 2 * kSBytes;
+  // Dynamic shared memory: barriers, stages, x (swizzled) and its 16-sums, the B fragments, partials.
+  static constexpr size_t kBarOff = 0;
+  static constexpr size_t kStageOff = 128;
+  static constexpr size_t kXsOff = kStageOff + size_t(kStages) * kStageBytes;
+  static constexpr size_t kXsumOff = kXsOff + size_t(K) * 4;
+  static constexpr size_t kBOff = kXsumOff + size_t(K / 16) * 4;
+  static constexpr size_t kPartOff = kBOff + sizeof(MmaB<K>);
+  static constexpr size_t kSmem = kPartOff + sizeof(float) * 2 * kWarps * kMmaTileRows;
+  static_assert(kStageBytes % 16 == 0 && kXsOff % 16 == 0 && kBOff % 16 == 0 && kPartOff % 16 == 0, "alignment");
+};
+
+// Tile `tile` of the launch's segment-wise tiling: its segment, first row and row count.
+struct StreamTile {
+  int seg;
+  int64_t r0;
+  int n;
+};
+__device__ __forceinline__ StreamTile stream_tile(const GemvArgs& a, int64_t tile) {
+  int s = 0;
+  for (;;) {
+    const int64_t nt = (a.seg[s].w.rows + kMmaTileRows - 1) / kMmaTileRows;
+    if (tile < nt || s + 1 == a.nseg) break;
+    tile -= nt;
+    ++s;
+  }
+  const int64_t r0 = tile * kMmaTileRows;
+  const int64_t left = a.seg[s].w.rows - r0;
+  return StreamTile{s, r0, int(left < kMmaTileRows ? left : int64_t(kMmaTileRows))};
+}
+
+// Warp 0: requests tile `tile` into `stage` (lane 0 arms the barrier, lanes < n copy one row each,
+// lanes 16 and 17 the scales and the biases).
+template <int K>
+__device__ __forceinline__ void stream_issue(const GemvArgs& a, int64_t tile, char* stage, uint64_t* bar,
+                                             int lane, uint64_t policy) {
+  using C = StreamCfg<K>;
+  const StreamTile tl = stream_tile(a, tile);
+  const DMat& w = a.seg[tl.seg].w;
+  if (lane == 0) mbar_arrive_expect_tx(bar, uint32_t(tl.n) * (C::kRowBytes + 4 * C::kGroups));
+  __syncwarp();
+  if (lane < tl.n) {
+    bulk_copy(stage + lane * C::kRowStride, static_cast<const char*>(w.data) + size_t(tl.r0 + lane) * C::kRowBytes,
+              C::kRowBytes, bar, policy);
+  } else if (lane == 16 || lane == 17) {
+    const uint16_t* src = (lane == 16 ? w.scales : w.biases) + size_t(tl.r0) * C::kGroups;
+    bulk_copy(stage + C::kWBytes + (lane - 16) * C::kSBytes, src, uint32_t(tl.n) * C::kGroups * 2, bar, policy);
+  }
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(const __grid_constant__ GemvArgs a,
+                                                                  int64_t ntiles) {
+  using C = StreamCfg<K>;
+  constexpr int NG = K / 64 / kWarps;  // groups per warp
+  extern __shared__ __align__(128) char smem[];
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + C::kBarOff);
+  char* stages = smem + C::kStageOff;
+  float* xs = reinterpret_cast<float*>(smem + C::kXsOff);
+  float* xsum = reinterpret_cast<float*>(smem + C::kXsumOff);
+  MmaB<K>& mb = *reinterpret_cast<MmaB<K>*>(smem + C::kBOff);
+  float(*part)[kWarps][kMmaTileRows] = reinterpret_cast<float(*)[kWarps][kMmaTileRows]>(smem + C::kPartOff);
+  __shared__ float red[32];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int t = lane & 3, g = lane >> 2;
+  const int64_t mine = (ntiles - blockIdx.x + gridDim.x - 1) / gridDim.x;  // tiles of this block
+  const uint64_t policy = l2_evict_first();
+
+  pdl_launch_dependents();
+  // The weights do not depend on the previous kernel: every stage's request goes out first.
+  if (warp == 0) {
+    if (lane == 0) {
+      for (int i = 0; i < C::kStages; ++i) mbar_init(&bars[i], 1);
+      mbar_fence_init();
+    }
+    __syncwarp();
+    for (int k = 0; k < C::kStages && k < mine; ++k)
+      stream_issue<K>(a, blockIdx.x + int64_t(k) * gridDim.x, stages + size_t(k) * C::kStageBytes, &bars[k],
+                      lane, policy);
+  }
+  pdl_wait();
+  stage_x<K>(a, xs, xsum, red);  // ends with a barrier (which also publishes the barriers' init)
+  mma_build_b<K>(mb, xs, xsum, kThreads);
+  __syncthreads();
+
+  const int G0 = warp * NG;
+  unsigned long long best = 0ull;
+  for (int64_t k = 0; k < mine; ++k) {
+    const int st = int(k % C::kStages);
+    const int buf = int(k & 1);
+    const int64_t tile = blockIdx.x + k * gridDim.x;
+    const StreamTile tl = stream_tile(a, tile);
+    const char* sp = stages + size_t(st) * C::kStageBytes;
+    mbar_wait(&bars[st], uint32_t((k / C::kStages) & 1));
+    uint2 q[2][NG];
+    uint32_t scw[2][NG / 2], biw[2][NG / 2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = g + 8 * h;  // rows >= tl.n hold stale bytes: their sums are never used
+      const char* rowp = sp + r * C::kRowStride;
+#pragma unroll
+      for (int j = 0; j < NG; ++j) q[h][j] = *reinterpret_cast<const uint2*>(rowp + (G0 + j) * 32 + 8 * t);
+      const uint32_t* sw = reinterpret_cast<const uint32_t*>(sp + C::kWBytes + r * C::kGroups * 2 + G0 * 2);
+      const uint32_t* bw = reinterpret_cast<const uint32_t*>(sp + C::kWBytes + C::kSBytes + r * C::kGroups * 2 + G0 * 2);
+#pragma unroll
+      for (int j = 0; j < NG / 2; ++j) {
+        scw[h][j] = sw[j];
+        biw[h][j] = bw[j];
+      }
+    }
+    float acc[2] = {0.f, 0.f};
+    mma_tile_dot<K, NG>(q, scw, biw, mb, G0, lane, acc);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) acc[h] = group_sum<4>(acc[h]);
+    if (t == 0) {
+      part[buf][warp][g] = acc[0];
+      part[buf][warp][g + 8] = acc[1];
+    }
+    __syncthreads();  // stage st is consumed; part[buf] complete (part[buf ^ 1] free since the last barrier)
+    if (warp == 0) {
+      if (k + C::kStages < mine)
+        stream_issue<K>(a, blockIdx.x + (k + C::kStages) * gridDim.x, stages + size_t(st) * C::kStageBytes,
+                        &bars[st], lane, policy);
+      if (lane < tl.n) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) v += part[buf][w][lane];
+        epilogue1(a.seg[tl.seg], tl.r0 + lane, v, best);
+      }
+    }
+  }
+  bool logits = false;
+  for (int s = 0; s < a.nseg; ++s)
+    if (a.seg[s].epi == Epilogue::Logits && a.seg[s].argmax != nullptr) logits = true;
+  if (logits && warp == 0) {  // the keys are in lanes 0..15
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+      best = other > best ? other : best;
+    }
+    unsigned long long* dst = nullptr;
+    for (int s = 0; s < a.nseg; ++s)
+      if (a.seg[s].epi == Epilogue::Logits && a.seg[s].argmax != nullptr) dst = a.seg[s].argmax;
+    if (lane == 0 && best != 0ull) atomicMax(dst, best);
+  }
+  if (a.route.logits != nullptr) route_tail(a.route);
+}
+
 // Blocks of gemv_rows_kernel<F, K> resident at once on the whole GPU (occupancy API; first
 // called from gemv_init, outside any graph capture).
 template <DFmt F, int K>
@@ -591,9 +758,47 @@ bool try_launch_mma(const GemvArgs& a, int64_t total, cudaStream_t s) {
   }
 }
 
+// Route 5 takes M = 1 launches whose segments are all q4 with 16-byte aligned codes, scales and
+// biases (the bulk copies' alignment), K = 2048 or 4096. Blocks per SM: gemv_stream_blocks_per_sm()
+// (1 leaves room for the next kernel's blocks under PDL), at most what fits.
+template <int K>
+int64_t stream_tiles(const GemvArgs& a) {
+  int64_t n = 0;
+  for (int i = 0; i < a.nseg; ++i) n += (a.seg[i].w.rows + kMmaTileRows - 1) / kMmaTileRows;
+  return n;
+}
+template <int K>
+int stream_fit_per_sm() {
+  static const int n = [] {
+    int per_sm = 0;
+    KCUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_stream_kernel<K>, kThreads,
+                                                        StreamCfg<K>::kSmem));
+    return std::max(1, per_sm);
+  }();
+  return n;
+}
+template <int K>
+bool try_launch_stream(const GemvArgs& a, cudaStream_t s) {
+  if constexpr (K != 2048 && K != 4096) {
+    return false;
+  } else {
+    if (a.M != 1 || gemv_version() != 5) return false;
+    for (int i = 0; i < a.nseg; ++i) {
+      const DMat& w = a.seg[i].w;
+      if (w.fmt != DFmt::Q4 || !w.aligned16()) return false;
+    }
+    const int64_t tiles = stream_tiles<K>(a);
+    const int per_sm = std::min(stream_fit_per_sm<K>(), gemv_stream_blocks_per_sm());
+    const int blocks = int(std::min<int64_t>(tiles, int64_t(num_sms()) * per_sm));
+    launch_pdl(gemv_stream_kernel<K>, dim3(blocks), dim3(kThreads), StreamCfg<K>::kSmem, s, a, tiles);
+    return true;
+  }
+}
+
 // Decode (M = 1) gets its own instantiation: the M <= 8 one holds 8 accumulators per lane.
 template <int K>
 void launch_gemv(const GemvArgs& a, int64_t total, cudaStream_t s) {
+  if (try_launch_stream<K>(a, s)) return;
   if (try_launch_mma<K>(a, total, s)) return;
   if (try_launch_rows<K>(a, total, s)) return;
   if (a.M == 1)
@@ -628,6 +833,12 @@ void gemv_init() {
     (void)resident_blocks<DFmt::Q4, 4096>();
     (void)mma_resident_blocks<2048>();
     (void)mma_resident_blocks<4096>();
+    KCUDA(cudaFuncSetAttribute(gemv_stream_kernel<2048>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(StreamCfg<2048>::kSmem)));
+    KCUDA(cudaFuncSetAttribute(gemv_stream_kernel<4096>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(StreamCfg<4096>::kSmem)));
+    (void)stream_fit_per_sm<2048>();
+    (void)stream_fit_per_sm<4096>();
   });
 }
 

@@ -29,10 +29,15 @@ void set_pdl_enabled(bool on);
 // (KESTREL_GEMV=2 selects it), 3 = the dot products on the tensor cores for launches whose
 // segments are all q4 (gemv.cu; the others take route 1) (KESTREL_GEMV=3). Route 1 also takes the
 // tensor-core kernel for the all-q4 launches where it measured faster: >= 65536 rows (lm_head),
-// and K = 2048 with >= 8192 rows (GDN in_proj, attention q+gate|k|v).
+// and K = 2048 with >= 8192 rows (GDN in_proj, attention q+gate|k|v). 5 = the weights of all-q4
+// launches streamed into shared memory by bulk copies, dots on the tensor cores (gemv.cu v5; the
+// other launches take route 1) (KESTREL_GEMV=5). (4 was a route folded into 1.)
 // Read when kernels are launched or captured.
 int gemv_version();
 void set_gemv_version(int v);
+// Blocks per SM of route 5 (1 or 2, KESTREL_GEMV_STREAM_BPS; default 1), capped by what fits.
+int gemv_stream_blocks_per_sm();
+void set_gemv_stream_blocks_per_sm(int n);
 
 // Device weight formats (the subset of kestrel::WFormat the kernels read; kept separate so .cu
 // files need no core headers).
@@ -57,6 +62,11 @@ struct DMat {
   bool aligned8() const {
     return (reinterpret_cast<uintptr_t>(data) | reinterpret_cast<uintptr_t>(scales) |
             reinterpret_cast<uintptr_t>(biases)) % 8 == 0;
+  }
+  // The same at 16 bytes: the bulk copies of the streamed GEMV (route 5) need it.
+  bool aligned16() const {
+    return (reinterpret_cast<uintptr_t>(data) | reinterpret_cast<uintptr_t>(scales) |
+            reinterpret_cast<uintptr_t>(biases)) % 16 == 0;
   }
 };
 

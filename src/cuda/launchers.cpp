@@ -34,7 +34,11 @@ int& pdl_flag() {
   return f;
 }
 int& gemv_flag() {
-  static int f = env_choice("KESTREL_GEMV", {1, 2, 3}, 1);
+  static int f = env_choice("KESTREL_GEMV", {1, 2, 3, 5}, 1);
+  return f;
+}
+int& gemv_stream_bps_flag() {
+  static int f = env_choice("KESTREL_GEMV_STREAM_BPS", {1, 2}, 1);
   return f;
 }
 int& moe_fused_flag() {
@@ -63,8 +67,13 @@ bool pdl_enabled() { return pdl_flag() != 0; }
 void set_pdl_enabled(bool on) { pdl_flag() = on ? 1 : 0; }
 int gemv_version() { return gemv_flag(); }
 void set_gemv_version(int v) {
-  KESTREL_CHECK(v >= 1 && v <= 3, "GEMV version {} (1, 2 or 3)", v);
+  KESTREL_CHECK((v >= 1 && v <= 3) || v == 5, "GEMV version {} (1, 2, 3 or 5)", v);
   gemv_flag() = v;
+}
+int gemv_stream_blocks_per_sm() { return gemv_stream_bps_flag(); }
+void set_gemv_stream_blocks_per_sm(int n) {
+  KESTREL_CHECK(n == 1 || n == 2, "route-5 GEMV blocks per SM {} (1 or 2)", n);
+  gemv_stream_bps_flag() = n;
 }
 
 int num_sms() {

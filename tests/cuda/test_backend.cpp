@@ -290,6 +290,13 @@ TEST(CudaBackend, MatchesCpuBackendQ4GemvV2) {
   set_gemv_version(1);
 }
 
+TEST(CudaBackend, MatchesCpuBackendQ4GemvV5) {  // the streamed GEMV (bulk copies, tensor cores)
+  REQUIRE_GPU();
+  set_gemv_version(5);
+  run_e2e(WFormat::Q4, WFormat::Q8, 4);
+  set_gemv_version(1);
+}
+
 // The committed real-width fixture (tests/fixtures/realwidth: 4 layers, 16 experts top-8), its
 // weights regenerated with core/synth (as `kestrel synth-model --seed 1` does), loaded through the
 // real loader: bf16, and 4-bit via LoadOptions::quant = Q4 on both backends.

@@ -54,17 +54,19 @@ void run_gemv(const GemvCase& c, uint32_t seed) {
 }
 
 // Runs the body once per GEMV route (v1 one row per warp, with lm_head and the large K = 2048
-// launches on the tensor cores; v2 rows in flight; v3 tensor cores; M = 1 takes v2 when
-// selected), restoring v1.
+// launches on the tensor cores; v2 rows in flight; v3 tensor cores; v5 weights streamed by bulk
+// copies, at 1 and 2 blocks per SM; M = 1 takes v2/v3/v5 when selected), restoring v1.
 struct GemvRoutes {
   template <class F>
   static void each(F&& f) {
-    for (int v : {1, 2, 3}) {
-      set_gemv_version(v);
-      SCOPED_TRACE("gemv route v" + std::to_string(v));
+    for (int v : {1, 2, 3, 5, 6}) {
+      set_gemv_version(v == 6 ? 5 : v);
+      set_gemv_stream_blocks_per_sm(v == 6 ? 2 : 1);
+      SCOPED_TRACE("gemv route v" + std::to_string(v == 6 ? 5 : v) + (v == 6 ? " (2 blocks per SM)" : ""));
       f();
     }
     set_gemv_version(1);
+    set_gemv_stream_blocks_per_sm(1);
   }
 };
 
@@ -113,11 +115,17 @@ TEST(CudaGemv, RejectsBadShapes) {
 TEST(CudaGemv, FusedSegmentsConvResidualGatedNorm) {
   REQUIRE_GPU();
   GemvRoutes::each([] {
+  // b and a as bf16 / q8 (mixed formats), and all four in q4 (a q4 checkpoint's in_proj: what
+  // the all-q4 routes 3 and 5 take, tiled per segment).
+  for (bool allq4 : {false, true})
   for (int M : {1, 3, 8}) {
+    if (allq4 && M != 1) continue;
+    SCOPED_TRACE(allq4 ? "all q4" : "mixed formats");
     std::mt19937 g(100 + M);
     const int64_t K = 2048, C = 8192, Z = 4096, B = 32;
     auto Wqkv = make_mat(WFormat::Q4, C, K, g), Wz = make_mat(WFormat::Q4, Z, K, g),
-         Wb = make_mat(WFormat::BF16, B, K, g), Wa = make_mat(WFormat::Q8, B, K, g);
+         Wb = make_mat(allq4 ? WFormat::Q4 : WFormat::BF16, B, K, g),
+         Wa = make_mat(allq4 ? WFormat::Q4 : WFormat::Q8, B, K, g);
     auto x = randv(size_t(M * K), g, -2.f, 2.f);
     auto conv_w = randv(size_t(C * 4), g, -0.5f, 0.5f);
     auto state = randv(size_t(C * 3), g, -1.f, 1.f);

@@ -16,7 +16,7 @@
 // Then the decode route's own GEMV (src/cuda/gemv.cu, compiled into this file) on the same shapes
 // with its real segments, prologues, epilogues and the MoE routing tail, so that the cost of each
 // of those over the bare layout is measured ("production"), and the same on GEMV route 3
-// ("production_v3").
+// ("production_v3"), and on route 5 at 1 and 2 blocks per SM ("production_v5", "production_v5x2").
 #include "cuda/gemv.cu"
 
 #include "probe_engine.cuh"
@@ -434,6 +434,13 @@ int main() {
   // The same launches on GEMV route 3 (tensor cores; the launches with a q8 segment stay on v1).
   g_probe_gemv_version = 3;
   std::printf("\n  },\n  \"production_v3\": {");
+  production(s);
+  // Route 5 (weights streamed into shared memory by bulk copies), at 1 and 2 blocks per SM.
+  g_probe_gemv_version = 5;
+  std::printf("\n  },\n  \"production_v5\": {");
+  production(s);
+  g_probe_stream_bps = 2;
+  std::printf("\n  },\n  \"production_v5x2\": {");
   production(s);
   std::printf("\n  }\n}\n");
   return 0;
