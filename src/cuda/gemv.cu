@@ -25,7 +25,26 @@ __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast
 // Every thread issues all of its float4 loads of a row (or of 4 norm groups) before it uses any,
 // so the staging costs one memory latency, not one per element (measured: the element-serial
 // loop was ~40% of a small GEMV's time).
-template <int K>
+// The barrier of the threads that stage x: the whole block, or (kNamed) the kThreads consumer
+// threads of a block that has other warps too (route 5's producer), on named barrier 1.
+template <bool kNamed>
+__device__ __forceinline__ void stage_sync() {
+  if constexpr (kNamed)
+    asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
+  else
+    __syncthreads();
+}
+template <bool kNamed>
+__device__ __forceinline__ float stage_block_sum(float v, float* red) {
+  v = warp_sum(v);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  stage_sync<kNamed>();
+  if (l == 0) red[w] = v;
+  stage_sync<kNamed>();
+  return warp_sum(l < kWarps ? red[l] : 0.f);
+}
+
+template <int K, bool kNamed = false>
 __device__ __forceinline__ void stage_x(const GemvArgs& a, float* xs, float* xsum, float* red) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int M = a.M;
@@ -72,6 +91,15 @@ __device__ __forceinline__ void stage_x(const GemvArgs& a, float* xs, float* xsu
     }
   } else {
     constexpr int NV = (F4 + kThreads - 1) / kThreads;  // float4 per thread and row
+    // The norm weights' loads go out with the first row's (not after its reduction).
+    float4 nwv[NV];
+    if (a.pro == Prologue::RmsNorm) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int sl = tid + i * kThreads;
+        nwv[i] = sl < F4 ? ld4(a.norm_w + 4 * sl) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
     for (int m = 0; m < M; ++m) {
       float4 v[NV];
       float ss = 0.f;
@@ -83,13 +111,13 @@ __device__ __forceinline__ void stage_x(const GemvArgs& a, float* xs, float* xsu
         ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
       }
       if (a.pro == Prologue::RmsNorm) {
-        ss = block_sum(ss, red);
+        ss = stage_block_sum<kNamed>(ss, red);
         const float inv = 1.f / sqrtf(ss / float(K) + a.eps);
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
           const int sl = tid + i * kThreads;
           if (sl < F4) {
-            const float4 w = ld4(a.norm_w + 4 * sl);
+            const float4 w = nwv[i];
             v[i].x = v[i].x * inv * w.x;
             v[i].y = v[i].y * inv * w.y;
             v[i].z = v[i].z * inv * w.z;
@@ -104,7 +132,7 @@ __device__ __forceinline__ void stage_x(const GemvArgs& a, float* xs, float* xsu
       }
     }
   }
-  __syncthreads();
+  stage_sync<kNamed>();
   if (a.x_out != nullptr && blockIdx.x == 0)
     for (int i = tid; i < M * F4; i += kThreads) {
       const int m = i / F4, sl = i % F4;
@@ -505,32 +533,40 @@ __global__ void __launch_bounds__(kThreads, kMmaMinBlocks<K>) gemv_mma_kernel(co
 }
 
 // ---- v5 (M = 1, every segment q4, K = 2048 or 4096): the weights streamed into shared memory by
-// bulk copies (tma.cuh), the dot products on the tensor cores as v3. Why (bench/NOTES.md v13): in
-// v1-v3 a warp's bytes in flight are its registers, and each round trip (issue, wait, dot, reduce)
-// leaves DRAM idle in between, so the projections of 2-14 MB reach 0.6-1.3 TB/s. Here one thread
-// per block requests every 16-row tile of the block's share (up to kStages of them) the moment the
-// block starts, before it waits on the previous kernel and stages x; the tiles land in a ring of
-// shared-memory stages, each completing an mbarrier, and are refilled as soon as consumed.
+// bulk copies (tma.cuh), the dot products on the tensor cores as v3, the warps specialised.
+// Why (bench/NOTES.md v13): in v1-v3 a warp's bytes in flight are its registers, and each round
+// trip (issue, wait, dot, reduce) leaves DRAM idle in between, so the projections of 2-14 MB reach
+// 0.6-1.3 TB/s. Here warp 8 (the producer) requests the block's first kStages 16-row tiles the
+// moment the block starts, before anything waits on the previous kernel; the tiles land in a ring
+// of shared-memory stages, each completing its `full` mbarrier. Warps 0-7 (the consumers) stage x,
+// then take the tiles in order: each its eighth of K on the tensor cores, the partial sums into the
+// stage's slot of `part`, then an arrival on the stage's `done` mbarrier; they never wait for each
+// other after the staging. Warp 8 waits on `done`, reduces the 8 partials and runs the epilogue,
+// then refills the stage with the block's next tile.
 // A tile is 16 rows of one segment (segments are tiled separately: no tile straddles two
-// matrices); each row is its own copy into a row slot padded by 16 bytes, so that the A-fragment
-// loads of 8 rows hit distinct banks. Block b takes the tiles b, b + grid, ...
+// matrices), copied as one block of codes plus one of scales and one of biases: measured on the
+// H200 (gemv_probe stream_variants, 7ef04c4+), a copy per row costs ~56 cycles of issue each and
+// held lm_head at 116 us without any dot (70.8 with one copy per tile, 4.04 TB/s), while the 8-way
+// bank conflicts of the unpadded rows cost the dot ~5 %. Block b takes the tiles b, b + grid, ...
+constexpr int kStreamThreads = kThreads + 32;
 template <int K>
 struct StreamCfg {
   static constexpr int kStages = K == 2048 ? 4 : 2;
   static constexpr int kRowBytes = K / 2;
-  static constexpr int kRowStride = kRowBytes + 16;
   static constexpr int kGroups = K / 64;
-  static constexpr int kWBytes = kMmaTileRows * kRowStride;
+  static constexpr int kWBytes = kMmaTileRows * kRowBytes;
   static constexpr int kSBytes = kMmaTileRows * kGroups * 2;  // one tile's scales (its biases: the same)
   static constexpr int kStageBytes = kWBytes + 2 * kSBytes;
-  // Dynamic shared memory: barriers, stages, x (swizzled) and its 16-sums, the B fragments, partials.
+  // Dynamic shared memory: barriers (full, done), stages, x (swizzled) and its 16-sums, the B
+  // fragments, the partial sums of each stage's tile.
   static constexpr size_t kBarOff = 0;
   static constexpr size_t kStageOff = 128;
   static constexpr size_t kXsOff = kStageOff + size_t(kStages) * kStageBytes;
   static constexpr size_t kXsumOff = kXsOff + size_t(K) * 4;
   static constexpr size_t kBOff = kXsumOff + size_t(K / 16) * 4;
   static constexpr size_t kPartOff = kBOff + sizeof(MmaB<K>);
-  static constexpr size_t kSmem = kPartOff + sizeof(float) * 2 * kWarps * kMmaTileRows;
+  static constexpr size_t kSmem = kPartOff + sizeof(float) * kStages * kWarps * kMmaTileRows;
+  static_assert(2 * kStages * 8 <= 128, "barriers");
   static_assert(kStageBytes % 16 == 0 && kXsOff % 16 == 0 && kBOff % 16 == 0 && kPartOff % 16 == 0, "alignment");
 };
 
@@ -553,32 +589,41 @@ __device__ __forceinline__ StreamTile stream_tile(const GemvArgs& a, int64_t til
   return StreamTile{s, r0, int(left < kMmaTileRows ? left : int64_t(kMmaTileRows))};
 }
 
-// Warp 0: requests tile `tile` into `stage` (lane 0 arms the barrier, lanes < n copy one row each,
-// lanes 16 and 17 the scales and the biases).
+// Probe-only variants of the kernel (tools/device/gemv_probe.cu; production uses 0):
+// kStreamNoDot skips the dot products (the pipeline's own ceiling), kStreamTrace records clock64
+// stamps of every block into g_stream_trace.
+constexpr int kStreamNoDot = 2, kStreamTrace = 4;
+constexpr int kTraceSlots = 32;
+__device__ long long* g_stream_trace = nullptr;
+
+// One thread (the producer's lane 0): requests tile `tile` into `stage`.
 template <int K>
-__device__ __forceinline__ void stream_issue(const GemvArgs& a, int64_t tile, char* stage, uint64_t* bar,
-                                             int lane, uint64_t policy) {
+__device__ __forceinline__ void stream_issue(const GemvArgs& a, int64_t tile, char* stage, uint64_t* full,
+                                             uint64_t policy) {
   using C = StreamCfg<K>;
   const StreamTile tl = stream_tile(a, tile);
   const DMat& w = a.seg[tl.seg].w;
-  if (lane == 0) mbar_arrive_expect_tx(bar, uint32_t(tl.n) * (C::kRowBytes + 4 * C::kGroups));
-  __syncwarp();
-  if (lane < tl.n) {
-    bulk_copy(stage + lane * C::kRowStride, static_cast<const char*>(w.data) + size_t(tl.r0 + lane) * C::kRowBytes,
-              C::kRowBytes, bar, policy);
-  } else if (lane == 16 || lane == 17) {
-    const uint16_t* src = (lane == 16 ? w.scales : w.biases) + size_t(tl.r0) * C::kGroups;
-    bulk_copy(stage + C::kWBytes + (lane - 16) * C::kSBytes, src, uint32_t(tl.n) * C::kGroups * 2, bar, policy);
-  }
+  const uint32_t n = uint32_t(tl.n);
+  mbar_arrive_expect_tx(full, n * (C::kRowBytes + 4 * C::kGroups));
+  bulk_copy(stage, static_cast<const char*>(w.data) + size_t(tl.r0) * C::kRowBytes, n * C::kRowBytes, full, policy);
+  bulk_copy(stage + C::kWBytes, w.scales + size_t(tl.r0) * C::kGroups, n * C::kGroups * 2, full, policy);
+  bulk_copy(stage + C::kWBytes + C::kSBytes, w.biases + size_t(tl.r0) * C::kGroups, n * C::kGroups * 2, full, policy);
 }
 
-template <int K>
-__global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(const __grid_constant__ GemvArgs a,
-                                                                  int64_t ntiles) {
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+template <int K, int FL = 0>
+__global__ void __launch_bounds__(kStreamThreads, 1) gemv_stream_kernel(const __grid_constant__ GemvArgs a,
+                                                                        int64_t ntiles) {
   using C = StreamCfg<K>;
-  constexpr int NG = K / 64 / kWarps;  // groups per warp
+  constexpr int S = C::kStages;
+  constexpr int NG = K / 64 / kWarps;  // groups per consumer warp
+  constexpr bool kTr = (FL & kStreamTrace) != 0;
   extern __shared__ __align__(128) char smem[];
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + C::kBarOff);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kBarOff);
+  uint64_t* done = full + S;
   char* stages = smem + C::kStageOff;
   float* xs = reinterpret_cast<float*>(smem + C::kXsOff);
   float* xsum = reinterpret_cast<float*>(smem + C::kXsumOff);
@@ -586,42 +631,84 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(const __grid_c
   float(*part)[kWarps][kMmaTileRows] = reinterpret_cast<float(*)[kWarps][kMmaTileRows]>(smem + C::kPartOff);
   __shared__ float red[32];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int t = lane & 3, g = lane >> 2;
+  long long* tr = kTr ? g_stream_trace + size_t(blockIdx.x) * kTraceSlots : nullptr;
+  if constexpr (kTr) if (tid == 0) tr[0] = clock64();
   const int64_t mine = (ntiles - blockIdx.x + gridDim.x - 1) / gridDim.x;  // tiles of this block
-  const uint64_t policy = l2_evict_first();
 
-  pdl_launch_dependents();
-  // The weights do not depend on the previous kernel: every stage's request goes out first.
-  if (warp == 0) {
-    if (lane == 0) {
-      for (int i = 0; i < C::kStages; ++i) mbar_init(&bars[i], 1);
-      mbar_fence_init();
+  if (tid == kThreads) {
+    for (int i = 0; i < S; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&done[i], kThreads);  // every consumer thread arrives
     }
-    __syncwarp();
-    for (int k = 0; k < C::kStages && k < mine; ++k)
-      stream_issue<K>(a, blockIdx.x + int64_t(k) * gridDim.x, stages + size_t(k) * C::kStageBytes, &bars[k],
-                      lane, policy);
+    mbar_fence_init();
   }
-  pdl_wait();
-  stage_x<K>(a, xs, xsum, red);  // ends with a barrier (which also publishes the barriers' init)
-  mma_build_b<K>(mb, xs, xsum, kThreads);
   __syncthreads();
+  pdl_launch_dependents();
 
+  if (warp == kWarps) {
+    // ---- producer + epilogue warp
+    const uint64_t policy = l2_evict_first();
+    // The weights do not depend on the previous kernel: every stage's request goes out first.
+    if (lane == 0)
+      for (int k = 0; k < S && k < mine; ++k)
+        stream_issue<K>(a, blockIdx.x + int64_t(k) * gridDim.x, stages + size_t(k) * C::kStageBytes, &full[k], policy);
+    if constexpr (kTr) if (lane == 0) tr[1] = clock64();
+    pdl_wait();  // the epilogues read and write what earlier kernels use
+    unsigned long long best = 0ull;
+    for (int64_t k = 0; k < mine; ++k) {
+      const int st = int(k % S);
+      const StreamTile tl = stream_tile(a, blockIdx.x + k * gridDim.x);
+      mbar_wait(&done[st], uint32_t((k / S) & 1));
+      if constexpr (kTr) if (lane == 0 && k < 9) tr[4 + 3 * k] = clock64();
+      float v = 0.f;
+      if (lane < tl.n) {
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) v += part[st][w][lane];
+      }
+      __syncwarp();
+      // The stage and its partials are consumed: refill it with this block's tile k + S.
+      if (lane == 0 && k + S < mine)
+        stream_issue<K>(a, blockIdx.x + (k + S) * gridDim.x, stages + size_t(st) * C::kStageBytes, &full[st], policy);
+      if (lane < tl.n) epilogue1(a.seg[tl.seg], tl.r0 + lane, v, best);
+      if constexpr (kTr) if (lane == 0 && k < 9) tr[5 + 3 * k] = clock64();
+    }
+    if constexpr (kTr) if (lane == 0) tr[30] = clock64(), tr[31] = mine;
+    bool logits = false;
+    for (int s = 0; s < a.nseg; ++s)
+      if (a.seg[s].epi == Epilogue::Logits && a.seg[s].argmax != nullptr) logits = true;
+    if (logits) {  // the keys are in lanes 0..15
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+        best = other > best ? other : best;
+      }
+      unsigned long long* dst = nullptr;
+      for (int s = 0; s < a.nseg; ++s)
+        if (a.seg[s].epi == Epilogue::Logits && a.seg[s].argmax != nullptr) dst = a.seg[s].argmax;
+      if (lane == 0 && best != 0ull) atomicMax(dst, best);
+    }
+    return;
+  }
+
+  // ---- consumer warps
+  const int t = lane & 3, g = lane >> 2;
+  pdl_wait();
+  stage_x<K, true>(a, xs, xsum, red);  // ends with the consumers' barrier
+  mma_build_b<K>(mb, xs, xsum, kThreads);
+  stage_sync<true>();
+  if constexpr (kTr) if (tid == 0) tr[2] = clock64();
   const int G0 = warp * NG;
-  unsigned long long best = 0ull;
   for (int64_t k = 0; k < mine; ++k) {
-    const int st = int(k % C::kStages);
-    const int buf = int(k & 1);
-    const int64_t tile = blockIdx.x + k * gridDim.x;
-    const StreamTile tl = stream_tile(a, tile);
+    const int st = int(k % S);
     const char* sp = stages + size_t(st) * C::kStageBytes;
-    mbar_wait(&bars[st], uint32_t((k / C::kStages) & 1));
+    mbar_wait(&full[st], uint32_t((k / S) & 1));
+    if constexpr (kTr) if (tid == 0 && k < 9) tr[3 + 3 * k] = clock64();
     uint2 q[2][NG];
     uint32_t scw[2][NG / 2], biw[2][NG / 2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = g + 8 * h;  // rows >= tl.n hold stale bytes: their sums are never used
-      const char* rowp = sp + r * C::kRowStride;
+      const int r = g + 8 * h;  // rows >= the tile's count hold stale bytes: their sums are never used
+      const char* rowp = sp + r * C::kRowBytes;
 #pragma unroll
       for (int j = 0; j < NG; ++j) q[h][j] = *reinterpret_cast<const uint2*>(rowp + (G0 + j) * 32 + 8 * t);
       const uint32_t* sw = reinterpret_cast<const uint32_t*>(sp + C::kWBytes + r * C::kGroups * 2 + G0 * 2);
@@ -633,41 +720,19 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_stream_kernel(const __grid_c
       }
     }
     float acc[2] = {0.f, 0.f};
-    mma_tile_dot<K, NG>(q, scw, biw, mb, G0, lane, acc);
+    if constexpr ((FL & kStreamNoDot) == 0) {
+      mma_tile_dot<K, NG>(q, scw, biw, mb, G0, lane, acc);
+    } else {
+      acc[0] = float(q[0][0].x & 1u);  // keeps the loads
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) acc[h] = group_sum<4>(acc[h]);
     if (t == 0) {
-      part[buf][warp][g] = acc[0];
-      part[buf][warp][g + 8] = acc[1];
+      part[st][warp][g] = acc[0];
+      part[st][warp][g + 8] = acc[1];
     }
-    __syncthreads();  // stage st is consumed; part[buf] complete (part[buf ^ 1] free since the last barrier)
-    if (warp == 0) {
-      if (k + C::kStages < mine)
-        stream_issue<K>(a, blockIdx.x + (k + C::kStages) * gridDim.x, stages + size_t(st) * C::kStageBytes,
-                        &bars[st], lane, policy);
-      if (lane < tl.n) {
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) v += part[buf][w][lane];
-        epilogue1(a.seg[tl.seg], tl.r0 + lane, v, best);
-      }
-    }
+    mbar_arrive(&done[st]);  // after this thread's reads of the stage and writes of part
   }
-  bool logits = false;
-  for (int s = 0; s < a.nseg; ++s)
-    if (a.seg[s].epi == Epilogue::Logits && a.seg[s].argmax != nullptr) logits = true;
-  if (logits && warp == 0) {  // the keys are in lanes 0..15
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
-      best = other > best ? other : best;
-    }
-    unsigned long long* dst = nullptr;
-    for (int s = 0; s < a.nseg; ++s)
-      if (a.seg[s].epi == Epilogue::Logits && a.seg[s].argmax != nullptr) dst = a.seg[s].argmax;
-    if (lane == 0 && best != 0ull) atomicMax(dst, best);
-  }
-  if (a.route.logits != nullptr) route_tail(a.route);
 }
 
 // Blocks of gemv_rows_kernel<F, K> resident at once on the whole GPU (occupancy API; first
@@ -771,7 +836,7 @@ template <int K>
 int stream_fit_per_sm() {
   static const int n = [] {
     int per_sm = 0;
-    KCUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_stream_kernel<K>, kThreads,
+    KCUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_stream_kernel<K>, kStreamThreads,
                                                         StreamCfg<K>::kSmem));
     return std::max(1, per_sm);
   }();
@@ -782,7 +847,8 @@ bool try_launch_stream(const GemvArgs& a, cudaStream_t s) {
   if constexpr (K != 2048 && K != 4096) {
     return false;
   } else {
-    if (a.M != 1 || gemv_version() != 5) return false;
+    // (The routing tail needs the whole block's barrier: the router launch is never all-q4.)
+    if (a.M != 1 || gemv_version() != 5 || a.route.logits != nullptr) return false;
     for (int i = 0; i < a.nseg; ++i) {
       const DMat& w = a.seg[i].w;
       if (w.fmt != DFmt::Q4 || !w.aligned16()) return false;
@@ -790,7 +856,7 @@ bool try_launch_stream(const GemvArgs& a, cudaStream_t s) {
     const int64_t tiles = stream_tiles<K>(a);
     const int per_sm = std::min(stream_fit_per_sm<K>(), gemv_stream_blocks_per_sm());
     const int blocks = int(std::min<int64_t>(tiles, int64_t(num_sms()) * per_sm));
-    launch_pdl(gemv_stream_kernel<K>, dim3(blocks), dim3(kThreads), StreamCfg<K>::kSmem, s, a, tiles);
+    launch_pdl(gemv_stream_kernel<K>, dim3(blocks), dim3(kStreamThreads), StreamCfg<K>::kSmem, s, a, tiles);
     return true;
   }
 }

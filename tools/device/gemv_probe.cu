@@ -361,6 +361,119 @@ void production(cudaStream_t s) {
 }  // namespace probe
 using namespace probe;
 
+
+// Route 5's kernel in its probe variants (gemv.cu: kStreamNoDot, kStreamTrace) on
+// the in_proj, out_proj and lm_head shapes (one segment each, Store epilogue), and the clock64
+// timeline of its blocks: how long the requests take to issue, the staging, the wait for each
+// tile, its dot, and the tail (refill + epilogue), in cycles, median over blocks.
+template <int K, int FL>
+void launch_stream_variant(const GemvArgs& a, int bps, cudaStream_t s) {
+  static bool set = false;
+  if (!set) {
+    CK(cudaFuncSetAttribute(gemv_stream_kernel<K, FL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            int(StreamCfg<K>::kSmem)));
+    set = true;
+  }
+  const int64_t tiles = stream_tiles<K>(a);
+  const int blocks = int(std::min<int64_t>(tiles, int64_t(num_sms()) * bps));
+  gemv_stream_kernel<K, FL><<<blocks, kStreamThreads, StreamCfg<K>::kSmem, s>>>(a, tiles);
+}
+
+template <int K>
+void stream_variants_shape(cudaStream_t s, const char* name, int64_t N, bool& first) {
+  Copies c = make_copies(N, K, size_t(300) << 20);
+  float* x = dev_floats(K, 0.5f);
+  float* nw = dev_floats(K, 1.f);
+  float* y = dev_floats(size_t(N), 0.f);
+  std::vector<GemvArgs> v;
+  for (const DMat& w : c.w) {
+    GemvArgs g;
+    g.M = 1;
+    g.K = K;
+    g.x = x;
+    g.ldx = K;
+    g.pro = Prologue::RmsNorm;
+    g.norm_w = nw;
+    g.eps = kEps;
+    g.seg[0] = GemvSeg{w, Epilogue::Store, y, N, nullptr, nullptr, nullptr};
+    g.nseg = 1;
+    v.push_back(g);
+  }
+  const size_t bytes = c.w[0].nbytes();
+  for (int bps : {1, 2}) {
+    auto one = [&](const char* vname, auto launch) {
+      launch(v[0]);
+      CK(cudaStreamSynchronize(s));
+      CK(cudaGetLastError());
+      const double us = time_graph(s, [&](int i) { launch(v[size_t(i) % v.size()]); });
+      std::printf("%s\n    \"%s_%s_bps%d\": {\"us\": %.3f, \"gb_per_s\": %.1f}", first ? "" : ",", name, vname, bps, us,
+                  double(bytes) / us * 1e-3);
+      first = false;
+      std::fflush(stdout);
+    };
+    one("ws", [&](const GemvArgs& a) { launch_stream_variant<K, 0>(a, bps, s); });
+    one("ws_nodot", [&](const GemvArgs& a) { launch_stream_variant<K, kStreamNoDot>(a, bps, s); });
+    // Timeline (one launch, weights cold in L2 after touching the other copies).
+    {
+      const int64_t tiles = stream_tiles<K>(v[0]);
+      const int blocks = int(std::min<int64_t>(tiles, int64_t(num_sms()) * bps));
+      long long* tr;
+      CK(cudaMalloc(&tr, size_t(blocks) * kTraceSlots * 8));
+      CK(cudaMemset(tr, 0, size_t(blocks) * kTraceSlots * 8));
+      CK(cudaMemcpyToSymbol(g_stream_trace, &tr, sizeof(tr)));
+      for (size_t i = 1; i < v.size(); ++i) launch_stream_variant<K, 0>(v[i], bps, s);
+      launch_stream_variant<K, kStreamTrace>(v[0], bps, s);
+      CK(cudaStreamSynchronize(s));
+      CK(cudaGetLastError());
+      std::vector<long long> h(size_t(blocks) * kTraceSlots);
+      CK(cudaMemcpy(h.data(), tr, h.size() * 8, cudaMemcpyDeviceToHost));
+      CK(cudaFree(tr));
+      auto med = [&](auto f) {
+        std::vector<long long> xs;
+        for (int b = 0; b < blocks; ++b) {
+          const long long* t = h.data() + size_t(b) * kTraceSlots;
+          const long long d = f(t);
+          if (d >= 0) xs.push_back(d);
+        }
+        if (xs.empty()) return -1LL;
+        std::sort(xs.begin(), xs.end());
+        return xs[xs.size() / 2];
+      };
+      // Cycles from the block's start: the producer's requests issued, x staged, and per tile
+      // [data seen by consumer 0, all consumers done, epilogue done].
+      std::printf(",\n    \"%s_bps%d_timeline_cycles\": {\"issued\": %lld, \"staged\": %lld, \"end\": %lld, \"tiles\": %lld",
+                  name, bps, med([](const long long* t) { return t[1] - t[0]; }),
+                  med([](const long long* t) { return t[2] - t[0]; }), med([](const long long* t) { return t[30] - t[0]; }),
+                  med([](const long long* t) { return t[31]; }));
+      for (int k = 0; k < 9; ++k) {
+        const auto at = [&](int slot) {
+          return med([&](const long long* t) { return t[31] <= k ? -1LL : t[slot] - t[0]; });
+        };
+        const long long r = at(3 + 3 * k);
+        if (r < 0) break;
+        std::printf(", \"t%d\": [%lld, %lld, %lld]", k, r, at(4 + 3 * k), at(5 + 3 * k));
+      }
+      std::printf("}");
+    }
+  }
+  for (auto& w : c.w) {
+    CK(cudaFree(const_cast<void*>(w.data)));
+    CK(cudaFree(const_cast<uint16_t*>(w.scales)));
+    CK(cudaFree(const_cast<uint16_t*>(w.biases)));
+  }
+  CK(cudaFree(x));
+  CK(cudaFree(nw));
+  CK(cudaFree(y));
+}
+
+void stream_variants(cudaStream_t s) {
+  gemv_init();
+  bool first = true;
+  stream_variants_shape<2048>(s, "in_proj", 12352, first);
+  stream_variants_shape<4096>(s, "out_proj", 2048, first);
+  stream_variants_shape<2048>(s, "lm_head", 248320, first);
+}
+
 int main() {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
@@ -442,6 +555,8 @@ int main() {
   g_probe_stream_bps = 2;
   std::printf("\n  },\n  \"production_v5x2\": {");
   production(s);
+  std::printf("\n  },\n  \"stream_variants\": {");
+  stream_variants(s);
   std::printf("\n  }\n}\n");
   return 0;
 }
