@@ -2,12 +2,14 @@
 # A short GPU-machine call with binaries built off the device (tools/gpu_check.sh --pack build
 # build-pack; nvcc ... tools/device/gemv_probe.cu -o build-probe/gemv_probe), carried as
 # ["build-pack", "build-probe"]: the GEMV tests and the q4 end-to-end tests, gemv_probe, and the
-# q4 decode bench over the given GEMV routes. Writes under $OUT.
+# q4 decode bench over the given GEMV routes. Writes under $OUT. (Or carry ["build-xfer"] with
+# build-xfer/pack.tar.xz = tar -cJf of build-pack and build-probe: the tree's 64 MiB limit.)
 #   TESTS (gtest filter), BENCH_GEMV (default 1,5,5x2), BENCH_CTX (default 0,4096), BENCH_PDL (both)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/quick_out}
 mkdir -p "$OUT"
+[ -f build-xfer/pack.tar.xz ] && [ ! -d build-pack ] && tar -xJf build-xfer/pack.tar.xz
 export LD_LIBRARY_PATH=$PWD/build-pack/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 T0=$(date +%s)
 if [ "${TESTS:-}" != none ]; then
