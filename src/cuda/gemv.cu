@@ -20,32 +20,34 @@ constexpr int kWarps = kThreads / 32;
 
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 
+// The barrier of the NT threads that stage x: the whole block, or (kNamed) the first NT threads
+// of a block that has other warps too (route 5's producer and epilogue warps), on named barrier 1.
+template <bool kNamed, int NT>
+__device__ __forceinline__ void stage_sync() {
+  if constexpr (kNamed)
+    asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory");
+  else
+    __syncthreads();
+}
+template <bool kNamed, int NT>
+__device__ __forceinline__ float stage_block_sum(float v, float* red) {
+  v = warp_sum(v);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  stage_sync<kNamed, NT>();
+  if (l == 0) red[w] = v;
+  stage_sync<kNamed, NT>();
+  return warp_sum(l < NT / 32 ? red[l] : 0.f);
+}
+
 // Stages the activation rows (after the prologue's norm) into shared memory, swizzled, with the
 // 16-element block sums, and optionally writes them to x_out. Ends with a barrier.
 // Every thread issues all of its float4 loads of a row (or of 4 norm groups) before it uses any,
 // so the staging costs one memory latency, not one per element (measured: the element-serial
 // loop was ~40% of a small GEMV's time).
-// The barrier of the threads that stage x: the whole block, or (kNamed) the kThreads consumer
-// threads of a block that has other warps too (route 5's producer), on named barrier 1.
-template <bool kNamed>
-__device__ __forceinline__ void stage_sync() {
-  if constexpr (kNamed)
-    asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
-  else
-    __syncthreads();
-}
-template <bool kNamed>
-__device__ __forceinline__ float stage_block_sum(float v, float* red) {
-  v = warp_sum(v);
-  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  stage_sync<kNamed>();
-  if (l == 0) red[w] = v;
-  stage_sync<kNamed>();
-  return warp_sum(l < kWarps ? red[l] : 0.f);
-}
-
-template <int K, bool kNamed = false>
+// (NT: the staging threads, threads 0..NT-1 of the block.)
+template <int K, bool kNamed = false, int NT = kThreads>
 __device__ __forceinline__ void stage_x(const GemvArgs& a, float* xs, float* xsum, float* red) {
+  constexpr int kThreads = NT, kWarps = NT / 32;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int M = a.M;
   constexpr int F4 = K / 4;  // float4 slots per row
@@ -111,7 +113,7 @@ __device__ __forceinline__ void stage_x(const GemvArgs& a, float* xs, float* xsu
         ss += v[i].x * v[i].x + v[i].y * v[i].y + v[i].z * v[i].z + v[i].w * v[i].w;
       }
       if (a.pro == Prologue::RmsNorm) {
-        ss = stage_block_sum<kNamed>(ss, red);
+        ss = stage_block_sum<kNamed, NT>(ss, red);
         const float inv = 1.f / sqrtf(ss / float(K) + a.eps);
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
@@ -132,7 +134,7 @@ __device__ __forceinline__ void stage_x(const GemvArgs& a, float* xs, float* xsu
       }
     }
   }
-  stage_sync<kNamed>();
+  stage_sync<kNamed, NT>();
   if (a.x_out != nullptr && blockIdx.x == 0)
     for (int i = tid; i < M * F4; i += kThreads) {
       const int m = i / F4, sl = i % F4;
@@ -536,19 +538,24 @@ __global__ void __launch_bounds__(kThreads, kMmaMinBlocks<K>) gemv_mma_kernel(co
 // bulk copies (tma.cuh), the dot products on the tensor cores as v3, the warps specialised.
 // Why (bench/NOTES.md v13): in v1-v3 a warp's bytes in flight are its registers, and each round
 // trip (issue, wait, dot, reduce) leaves DRAM idle in between, so the projections of 2-14 MB reach
-// 0.6-1.3 TB/s. Here warp 8 (the producer) requests the block's first kStages 16-row tiles the
-// moment the block starts, before anything waits on the previous kernel; the tiles land in a ring
-// of shared-memory stages, each completing its `full` mbarrier. Warps 0-7 (the consumers) stage x,
-// then take the tiles in order: each its eighth of K on the tensor cores, the partial sums into the
+// 0.6-1.3 TB/s. Here the producer warp requests the block's first kStages 16-row tiles the moment
+// the block starts, before anything waits on the previous kernel; the tiles land in a ring of
+// shared-memory stages, each completing its `full` mbarrier. The 16 consumer warps stage x, then
+// take the tiles in order: each its sixteenth of K on the tensor cores, the partial sums into the
 // stage's slot of `part`, then an arrival on the stage's `done` mbarrier; they never wait for each
-// other after the staging. Warp 8 waits on `done`, reduces the 8 partials and runs the epilogue,
-// then refills the stage with the block's next tile.
+// other after the staging. The epilogue warp waits on `done`, reduces the partials, frees the stage
+// (`empty`) and runs the epilogue; the producer waits on `empty` and refills the stage with the
+// block's next tile. (Measured at 7ef04c4+ with the producer and the epilogue in one warp and 8
+// consumers: the epilogue warp spent ~1,450 cycles per tile, ~700 of them issuing the copies,
+// and the consumers' dot ~1,440; bench/NOTES.md v13.)
 // A tile is 16 rows of one segment (segments are tiled separately: no tile straddles two
 // matrices), copied as one block of codes plus one of scales and one of biases: measured on the
-// H200 (gemv_probe stream_variants, 7ef04c4+), a copy per row costs ~56 cycles of issue each and
-// held lm_head at 116 us without any dot (70.8 with one copy per tile, 4.04 TB/s), while the 8-way
+// H200 (gemv_probe stream_variants), a copy per row costs ~56 cycles of issue each and held
+// lm_head at 116 us without any dot (70.8 with one copy per tile, 4.04 TB/s), while the 8-way
 // bank conflicts of the unpadded rows cost the dot ~5 %. Block b takes the tiles b, b + grid, ...
-constexpr int kStreamThreads = kThreads + 32;
+constexpr int kStreamConsumers = 16;                      // consumer warps
+constexpr int kStreamCThreads = 32 * kStreamConsumers;    // consumer threads (they stage x)
+constexpr int kStreamThreads = kStreamCThreads + 64;      // + producer warp + epilogue warp
 template <int K>
 struct StreamCfg {
   static constexpr int kStages = K == 2048 ? 4 : 2;
@@ -557,16 +564,16 @@ struct StreamCfg {
   static constexpr int kWBytes = kMmaTileRows * kRowBytes;
   static constexpr int kSBytes = kMmaTileRows * kGroups * 2;  // one tile's scales (its biases: the same)
   static constexpr int kStageBytes = kWBytes + 2 * kSBytes;
-  // Dynamic shared memory: barriers (full, done), stages, x (swizzled) and its 16-sums, the B
-  // fragments, the partial sums of each stage's tile.
+  // Dynamic shared memory: barriers (full, done, empty), stages, x (swizzled) and its 16-sums, the
+  // B fragments, the partial sums of each stage's tile.
   static constexpr size_t kBarOff = 0;
   static constexpr size_t kStageOff = 128;
   static constexpr size_t kXsOff = kStageOff + size_t(kStages) * kStageBytes;
   static constexpr size_t kXsumOff = kXsOff + size_t(K) * 4;
   static constexpr size_t kBOff = kXsumOff + size_t(K / 16) * 4;
   static constexpr size_t kPartOff = kBOff + sizeof(MmaB<K>);
-  static constexpr size_t kSmem = kPartOff + sizeof(float) * kStages * kWarps * kMmaTileRows;
-  static_assert(2 * kStages * 8 <= 128, "barriers");
+  static constexpr size_t kSmem = kPartOff + sizeof(float) * kStages * kStreamConsumers * kMmaTileRows;
+  static_assert(3 * kStages * 8 <= 128, "barriers");
   static_assert(kStageBytes % 16 == 0 && kXsOff % 16 == 0 && kBOff % 16 == 0 && kPartOff % 16 == 0, "alignment");
 };
 
@@ -619,40 +626,55 @@ __global__ void __launch_bounds__(kStreamThreads, 1) gemv_stream_kernel(const __
                                                                         int64_t ntiles) {
   using C = StreamCfg<K>;
   constexpr int S = C::kStages;
-  constexpr int NG = K / 64 / kWarps;  // groups per consumer warp
+  constexpr int NC = kStreamConsumers;
+  constexpr int NG = K / 64 / NC;  // groups per consumer warp
   constexpr bool kTr = (FL & kStreamTrace) != 0;
   extern __shared__ __align__(128) char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + C::kBarOff);
   uint64_t* done = full + S;
+  uint64_t* empty = done + S;
   char* stages = smem + C::kStageOff;
   float* xs = reinterpret_cast<float*>(smem + C::kXsOff);
   float* xsum = reinterpret_cast<float*>(smem + C::kXsumOff);
   MmaB<K>& mb = *reinterpret_cast<MmaB<K>*>(smem + C::kBOff);
-  float(*part)[kWarps][kMmaTileRows] = reinterpret_cast<float(*)[kWarps][kMmaTileRows]>(smem + C::kPartOff);
+  float(*part)[NC][kMmaTileRows] = reinterpret_cast<float(*)[NC][kMmaTileRows]>(smem + C::kPartOff);
   __shared__ float red[32];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   long long* tr = kTr ? g_stream_trace + size_t(blockIdx.x) * kTraceSlots : nullptr;
   if constexpr (kTr) if (tid == 0) tr[0] = clock64();
   const int64_t mine = (ntiles - blockIdx.x + gridDim.x - 1) / gridDim.x;  // tiles of this block
-
-  if (tid == kThreads) {
-    for (int i = 0; i < S; ++i) {
-      mbar_init(&full[i], 1);
-      mbar_init(&done[i], kThreads);  // every consumer thread arrives
-    }
-    mbar_fence_init();
-  }
-  __syncthreads();
   pdl_launch_dependents();
 
-  if (warp == kWarps) {
-    // ---- producer + epilogue warp
+  if (warp == NC) {
+    // ---- producer warp
+    if (lane == 0) {
+      for (int i = 0; i < S; ++i) {
+        mbar_init(&full[i], 1);
+        mbar_init(&done[i], kStreamCThreads);  // every consumer thread arrives
+        mbar_init(&empty[i], 32);              // every epilogue thread arrives
+      }
+      mbar_fence_init();
+    }
+    __syncwarp();
+    // The others use the barriers after named barrier 2 (this warp only arrives at it).
+    asm volatile("bar.arrive 2, %0;" ::"n"(kStreamThreads) : "memory");
+    if (lane != 0) return;
     const uint64_t policy = l2_evict_first();
     // The weights do not depend on the previous kernel: every stage's request goes out first.
-    if (lane == 0)
-      for (int k = 0; k < S && k < mine; ++k)
-        stream_issue<K>(a, blockIdx.x + int64_t(k) * gridDim.x, stages + size_t(k) * C::kStageBytes, &full[k], policy);
-    if constexpr (kTr) if (lane == 0) tr[1] = clock64();
+    for (int k = 0; k < S && k < mine; ++k)
+      stream_issue<K>(a, blockIdx.x + int64_t(k) * gridDim.x, stages + size_t(k) * C::kStageBytes, &full[k], policy);
+    if constexpr (kTr) tr[1] = clock64();
+    for (int64_t k = 0; k + S < mine; ++k) {
+      const int st = int(k % S);
+      mbar_wait(&empty[st], uint32_t((k / S) & 1));
+      stream_issue<K>(a, blockIdx.x + (k + S) * gridDim.x, stages + size_t(st) * C::kStageBytes, &full[st], policy);
+    }
+    return;
+  }
+  asm volatile("bar.sync 2, %0;" ::"n"(kStreamThreads) : "memory");
+
+  if (warp == NC + 1) {
+    // ---- epilogue warp
     pdl_wait();  // the epilogues read and write what earlier kernels use
     unsigned long long best = 0ull;
     for (int64_t k = 0; k < mine; ++k) {
@@ -663,12 +685,9 @@ __global__ void __launch_bounds__(kStreamThreads, 1) gemv_stream_kernel(const __
       float v = 0.f;
       if (lane < tl.n) {
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) v += part[st][w][lane];
+        for (int w = 0; w < NC; ++w) v += part[st][w][lane];
       }
-      __syncwarp();
-      // The stage and its partials are consumed: refill it with this block's tile k + S.
-      if (lane == 0 && k + S < mine)
-        stream_issue<K>(a, blockIdx.x + (k + S) * gridDim.x, stages + size_t(st) * C::kStageBytes, &full[st], policy);
+      mbar_arrive(&empty[st]);  // after this thread's reads of part[st]
       if (lane < tl.n) epilogue1(a.seg[tl.seg], tl.r0 + lane, v, best);
       if constexpr (kTr) if (lane == 0 && k < 9) tr[5 + 3 * k] = clock64();
     }
@@ -693,9 +712,9 @@ __global__ void __launch_bounds__(kStreamThreads, 1) gemv_stream_kernel(const __
   // ---- consumer warps
   const int t = lane & 3, g = lane >> 2;
   pdl_wait();
-  stage_x<K, true>(a, xs, xsum, red);  // ends with the consumers' barrier
-  mma_build_b<K>(mb, xs, xsum, kThreads);
-  stage_sync<true>();
+  stage_x<K, true, kStreamCThreads>(a, xs, xsum, red);  // ends with the consumers' barrier
+  mma_build_b<K>(mb, xs, xsum, kStreamCThreads);
+  stage_sync<true, kStreamCThreads>();
   if constexpr (kTr) if (tid == 0) tr[2] = clock64();
   const int G0 = warp * NG;
   for (int64_t k = 0; k < mine; ++k) {
