@@ -553,7 +553,7 @@ __global__ void __launch_bounds__(kThreads, kMmaMinBlocks<K>) gemv_mma_kernel(co
 // H200 (gemv_probe stream_variants), a copy per row costs ~56 cycles of issue each and held
 // lm_head at 116 us without any dot (70.8 with one copy per tile, 4.04 TB/s), while the 8-way
 // bank conflicts of the unpadded rows cost the dot ~5 %. Block b takes the tiles b, b + grid, ...
-constexpr int kStreamConsumers = 16;                      // consumer warps
+constexpr int kStreamConsumers = 8;                       // consumer warps
 constexpr int kStreamCThreads = 32 * kStreamConsumers;    // consumer threads (they stage x)
 constexpr int kStreamThreads = kStreamCThreads + 64;      // + producer warp + epilogue warp
 template <int K>
@@ -599,12 +599,12 @@ __device__ __forceinline__ StreamTile stream_tile(const GemvArgs& a, int64_t til
 // Probe-only variants of the kernel (tools/device/gemv_probe.cu; production uses 0):
 // kStreamNoDot skips the dot products (the pipeline's own ceiling), kStreamTrace records clock64
 // stamps of every block into g_stream_trace.
-constexpr int kStreamNoDot = 2, kStreamTrace = 4;
+constexpr int kStreamNoDot = 2, kStreamTrace = 4, kStreamNoHint = 8;
 constexpr int kTraceSlots = 32;
 __device__ long long* g_stream_trace = nullptr;
 
 // One thread (the producer's lane 0): requests tile `tile` into `stage`.
-template <int K>
+template <int K, int FL = 0>
 __device__ __forceinline__ void stream_issue(const GemvArgs& a, int64_t tile, char* stage, uint64_t* full,
                                              uint64_t policy) {
   using C = StreamCfg<K>;
@@ -612,9 +612,15 @@ __device__ __forceinline__ void stream_issue(const GemvArgs& a, int64_t tile, ch
   const DMat& w = a.seg[tl.seg].w;
   const uint32_t n = uint32_t(tl.n);
   mbar_arrive_expect_tx(full, n * (C::kRowBytes + 4 * C::kGroups));
-  bulk_copy(stage, static_cast<const char*>(w.data) + size_t(tl.r0) * C::kRowBytes, n * C::kRowBytes, full, policy);
-  bulk_copy(stage + C::kWBytes, w.scales + size_t(tl.r0) * C::kGroups, n * C::kGroups * 2, full, policy);
-  bulk_copy(stage + C::kWBytes + C::kSBytes, w.biases + size_t(tl.r0) * C::kGroups, n * C::kGroups * 2, full, policy);
+  if constexpr ((FL & kStreamNoHint) != 0) {
+    bulk_copy_nohint(stage, static_cast<const char*>(w.data) + size_t(tl.r0) * C::kRowBytes, n * C::kRowBytes, full);
+    bulk_copy_nohint(stage + C::kWBytes, w.scales + size_t(tl.r0) * C::kGroups, n * C::kGroups * 2, full);
+    bulk_copy_nohint(stage + C::kWBytes + C::kSBytes, w.biases + size_t(tl.r0) * C::kGroups, n * C::kGroups * 2, full);
+  } else {
+    bulk_copy(stage, static_cast<const char*>(w.data) + size_t(tl.r0) * C::kRowBytes, n * C::kRowBytes, full, policy);
+    bulk_copy(stage + C::kWBytes, w.scales + size_t(tl.r0) * C::kGroups, n * C::kGroups * 2, full, policy);
+    bulk_copy(stage + C::kWBytes + C::kSBytes, w.biases + size_t(tl.r0) * C::kGroups, n * C::kGroups * 2, full, policy);
+  }
 }
 
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
@@ -662,12 +668,12 @@ __global__ void __launch_bounds__(kStreamThreads, 1) gemv_stream_kernel(const __
     const uint64_t policy = l2_evict_first();
     // The weights do not depend on the previous kernel: every stage's request goes out first.
     for (int k = 0; k < S && k < mine; ++k)
-      stream_issue<K>(a, blockIdx.x + int64_t(k) * gridDim.x, stages + size_t(k) * C::kStageBytes, &full[k], policy);
+      stream_issue<K, FL>(a, blockIdx.x + int64_t(k) * gridDim.x, stages + size_t(k) * C::kStageBytes, &full[k], policy);
     if constexpr (kTr) tr[1] = clock64();
     for (int64_t k = 0; k + S < mine; ++k) {
       const int st = int(k % S);
       mbar_wait(&empty[st], uint32_t((k / S) & 1));
-      stream_issue<K>(a, blockIdx.x + (k + S) * gridDim.x, stages + size_t(st) * C::kStageBytes, &full[st], policy);
+      stream_issue<K, FL>(a, blockIdx.x + (k + S) * gridDim.x, stages + size_t(st) * C::kStageBytes, &full[st], policy);
     }
     return;
   }

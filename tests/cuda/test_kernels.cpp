@@ -66,7 +66,7 @@ struct GemvRoutes {
       f();
     }
     set_gemv_version(1);
-    set_gemv_stream_blocks_per_sm(1);
+    set_gemv_stream_blocks_per_sm(2);
   }
 };
 

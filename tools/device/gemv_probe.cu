@@ -413,6 +413,7 @@ void stream_variants_shape(cudaStream_t s, const char* name, int64_t N, bool& fi
     };
     one("ws", [&](const GemvArgs& a) { launch_stream_variant<K, 0>(a, bps, s); });
     one("ws_nodot", [&](const GemvArgs& a) { launch_stream_variant<K, kStreamNoDot>(a, bps, s); });
+    one("ws_nohint", [&](const GemvArgs& a) { launch_stream_variant<K, kStreamNoHint>(a, bps, s); });
     // Timeline (one launch, weights cold in L2 after touching the other copies).
     {
       const int64_t tiles = stream_tiles<K>(v[0]);
@@ -550,6 +551,7 @@ int main() {
   production(s);
   // Route 5 (weights streamed into shared memory by bulk copies), at 1 and 2 blocks per SM.
   g_probe_gemv_version = 5;
+  g_probe_stream_bps = 1;
   std::printf("\n  },\n  \"production_v5\": {");
   production(s);
   g_probe_stream_bps = 2;

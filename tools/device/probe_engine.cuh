@@ -24,7 +24,7 @@ int num_sms() {
 bool pdl_enabled() { return false; }
 int g_probe_gemv_version = 1;  // the GEMV route a probe runs (gemv_probe: 1, then 3)
 int gemv_version() { return g_probe_gemv_version; }
-int g_probe_stream_bps = 1;  // gemv_probe: route 5's blocks per SM
+int g_probe_stream_bps = 2;  // gemv_probe: route 5's blocks per SM
 int gemv_stream_blocks_per_sm() { return g_probe_stream_bps; }
 bool g_probe_moe_mma = false;  // moe_probe: the tensor-core gate/up for one row
 bool moe_mma_enabled() { return g_probe_moe_mma; }
