@@ -85,7 +85,6 @@ __global__ void __launch_bounds__(256) attn_split_kernel(const __grid_constant__
   const float inv_freq = 1.f / powf(float(a.rope_theta), float(2 * lane) / float(kRot));
   if (warp == 0 && lane < D * 4 / 128)  // k_norm into L2 for the warp that ropes the new k
     asm volatile("prefetch.global.L2 [%0];" ::"l"(a.k_norm + lane * 32));
-  pdl_launch_dependents();
   pdl_wait();
   const int pos = *a.pos, len = pos + 1;
   float x[8];
@@ -201,6 +200,7 @@ __global__ void __launch_bounds__(256) attn_split_kernel(const __grid_constant__
     }
     if (more) __syncthreads();  // the next tile overwrites Ks/Vs
   }
+  pdl_launch_dependents();  // the tiles are done; what is left is this split's store
   float* out = a.partial + (size_t(h) * a.nsplit + sp) * (D + 2);
 #pragma unroll
   for (int e = 0; e < 8; ++e) out[lane * 8 + e] = acc[e];
@@ -220,7 +220,6 @@ __global__ void __launch_bounds__(256) attn_combine_kernel(const __grid_constant
   __shared__ float part[8][kCombineDims];
   const int h = blockIdx.x, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int d = blockIdx.y * kCombineDims + lane;
-  pdl_launch_dependents();
   pdl_wait();
   const int len = *a.pos + 1;
   const float gate = warp == 0 ? a.qg[size_t(h) * 2 * D + D + d] : 0.f;  // in flight with pos
@@ -250,6 +249,7 @@ __global__ void __launch_bounds__(256) attn_combine_kernel(const __grid_constant
 #pragma unroll 4
   for (int s = warp + 8; s < nvalid; s += 8) num += wts[s] * base[size_t(s) * (D + 2) + d];
   part[warp][lane] = num;
+  pdl_launch_dependents();
   __syncthreads();
   if (warp == 0) {
     float t = 0.f;

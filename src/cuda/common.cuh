@@ -51,10 +51,16 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return warp_sum(t);
 }
 
-// Programmatic dependent launch (sm_90): every kernel first lets the next kernel in the stream
-// start launching (its blocks then wait in pdl_wait until this grid has finished and its writes
-// are visible), then waits for its own predecessor. Work that reads nothing the predecessor
-// writes (weight prefetch) may go between the two. Both are no-ops without the launch attribute.
+// Programmatic dependent launch (sm_90): every kernel waits for its predecessor in pdl_wait (until
+// that grid has finished and its writes are visible); work that reads nothing the predecessor
+// writes (weight prefetch, barrier setup) goes before the wait. pdl_launch_dependents lets the
+// next kernel's blocks start launching once every block of this grid has called it or exited
+// (the first call in a block counts). Where it goes: a kernel whose blocks fill the GPU calls it
+// once its main loop is done, so the next kernel's launch and prologue overlap only the tail;
+// the small ones (a block or a few) call it at the top. Until bench/NOTES.md v13 every kernel
+// called it at the top and PDL lost 3-10 % (the likely cause: the waiting blocks of the next
+// kernels held SM slots, so grids sized to the whole GPU no longer fit in one wave). Both are
+// no-ops without the launch attribute.
 __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }

@@ -23,7 +23,6 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
   const float A = expf(a.A_log[j]);
   const float dtb = a.dt_bias[j];
   const float qscale = 1.f / sqrtf(float(dk));
-  pdl_launch_dependents();
   pdl_wait();
 
   const int i0 = blockIdx.y * kColsPerBlock + warp * kCols;
@@ -76,6 +75,7 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
       a.o[size_t(t) * a.Hv * dv + size_t(j) * dv + i0 + lane] = ov;
     }
   }
+  pdl_launch_dependents();  // what is left is the state's store
 #pragma unroll
   for (int c = 0; c < kCols; ++c)
     reinterpret_cast<float4*>(a.state + (size_t(j) * dv + i0 + c) * dk)[lane] = S[c];

@@ -170,6 +170,9 @@ __global__ void __launch_bounds__(kRouteBlockThreads) decode_route_kernel(const 
     moe_route_warp(a.logits, a.E, a.topk, a.idx, a.w);
 }
 
+// Rows per warp gemv_kernel prefetches into L2 before it waits on the previous kernel.
+constexpr int kPrefetchRows = 4;
+
 template <int K, int MM>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ GemvArgs a, int64_t total_rows) {
   extern __shared__ float4 smem4[];
@@ -179,18 +182,24 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
   __shared__ unsigned long long best_s[kWarps][kMaxGemvRows];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int M = a.M;
-  pdl_launch_dependents();
-  // Weights do not depend on the previous kernel: start this warp's first row towards L2.
-  {
-    int64_t r = int64_t(blockIdx.x) * kWarps + warp;
-    if (r < total_rows) {
-      int s = 0;
-      while (r >= a.seg[s].w.rows) r -= a.seg[s++].w.rows;
-      const DMat& w = a.seg[s].w;
-      const size_t rb = w.fmt == DFmt::BF16 ? size_t(K) * 2 : w.fmt == DFmt::Q8 ? size_t(K) : size_t(K) / 2;
-      const char* p = static_cast<const char*>(w.data) + size_t(r) * rb;
-      for (size_t off = size_t(lane) * 128; off < rb; off += 32 * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+  // Weights do not depend on the previous kernel: start this warp's first kPrefetchRows rows
+  // (codes, and the scales and biases of the quantized ones) towards L2 while x is staged. (Was
+  // the first row's codes only: out_proj, 2,048 rows of K 4096 over 1,056 warps, then waited on
+  // DRAM for its second row and every row's scales; bench/NOTES.md v13.)
+  for (int i = 0; i < kPrefetchRows; ++i) {
+    int64_t r = (int64_t(blockIdx.x) + int64_t(i) * gridDim.x) * kWarps + warp;
+    if (r >= total_rows) break;
+    int s = 0;
+    while (r >= a.seg[s].w.rows) r -= a.seg[s++].w.rows;
+    const DMat& w = a.seg[s].w;
+    const size_t rb = w.fmt == DFmt::BF16 ? size_t(K) * 2 : w.fmt == DFmt::Q8 ? size_t(K) : size_t(K) / 2;
+    const char* p = static_cast<const char*>(w.data) + size_t(r) * rb;
+    for (size_t off = size_t(lane) * 128; off < rb; off += 32 * 128)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+    if (w.fmt != DFmt::BF16 && lane < 4) {  // the row's scales (lanes 0, 1) and biases (2, 3):
+      const int ng = K / w.group;           // 64 or 128 bytes, one or two lines: first and last
+      const uint16_t* q = ((lane >> 1) == 0 ? w.scales : w.biases) + size_t(r) * ng + ((lane & 1) ? ng - 1 : 0);
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(q));
     }
   }
   pdl_wait();
@@ -265,6 +274,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
       }
     }
   }
+  pdl_launch_dependents();  // this block's rows are done (common.cuh: where the trigger goes)
   // Block-level argmax, then one atomic per block and row (a device-wide atomic per weight row
   // would serialise 248K updates on one address).
   const GemvSeg* ls = nullptr;
@@ -397,7 +407,6 @@ __global__ void __launch_bounds__(kThreads) gemv_rows_kernel(const __grid_consta
   const int64_t base = int64_t(blockIdx.x) * kWarps + warp;
 
   RowGroup<F, K, R> A, B;
-  pdl_launch_dependents();
   A.issue(a, base, nw, total_rows, lane);
   pdl_wait();
   stage_x<K>(a, xs, xsum, red);
@@ -411,6 +420,7 @@ __global__ void __launch_bounds__(kThreads) gemv_rows_kernel(const __grid_consta
     if (b + 2 * step < total_rows) A.issue(a, b + 2 * step, nw, total_rows, lane);
     B.finish(a, X, lane, best);
   }
+  pdl_launch_dependents();
   bool logits = false;
   for (int s = 0; s < a.nseg; ++s)
     if (a.seg[s].epi == Epilogue::Logits && a.seg[s].argmax != nullptr) logits = true;
@@ -481,7 +491,6 @@ __global__ void __launch_bounds__(kThreads, kMmaMinBlocks<K>) gemv_mma_kernel(co
       }
     }
   };
-  pdl_launch_dependents();
   // The first tile's weights do not depend on the previous kernel: their loads go out first and
   // are in flight during the staging and the B layout.
   if (int64_t(blockIdx.x) < ntiles) load_tile(blockIdx.x);
@@ -517,6 +526,7 @@ __global__ void __launch_bounds__(kThreads, kMmaMinBlocks<K>) gemv_mma_kernel(co
       }
     }
   }
+  pdl_launch_dependents();
   bool logits = false;
   for (int s = 0; s < a.nseg; ++s)
     if (a.seg[s].epi == Epilogue::Logits && a.seg[s].argmax != nullptr) logits = true;
@@ -649,7 +659,6 @@ __global__ void __launch_bounds__(kStreamThreads, 1) gemv_stream_kernel(const __
   long long* tr = kTr ? g_stream_trace + size_t(blockIdx.x) * kTraceSlots : nullptr;
   if constexpr (kTr) if (tid == 0) tr[0] = clock64();
   const int64_t mine = (ntiles - blockIdx.x + gridDim.x - 1) / gridDim.x;  // tiles of this block
-  pdl_launch_dependents();
 
   if (warp == NC) {
     // ---- producer warp
@@ -698,6 +707,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1) gemv_stream_kernel(const __
       if constexpr (kTr) if (lane == 0 && k < 9) tr[5 + 3 * k] = clock64();
     }
     if constexpr (kTr) if (lane == 0) tr[30] = clock64(), tr[31] = mine;
+    pdl_launch_dependents();  // every tile of this block is done
     bool logits = false;
     for (int s = 0; s < a.nseg; ++s)
       if (a.seg[s].epi == Epilogue::Logits && a.seg[s].argmax != nullptr) logits = true;
@@ -826,7 +836,8 @@ int mma_resident_blocks() {
 // 16-row tile and block, with few tiles per block; bench/NOTES.md v10). It also takes the K = 2048
 // launches of >= kMmaRowsK2048 rows (GDN in_proj 12,352 rows, attention q+gate|k|v 9,216): 11.65
 // against 12.2 us per in_proj (a1ba571), end to end q4 ctx 0 529.1 against 525.9 tok/s (0ebcc86,
-// measured as the candidate route 4; bench/NOTES.md v12).
+// measured as the candidate route 4; bench/NOTES.md v12). Where those launches are 16-byte aligned
+// (every q4 checkpoint's), route 1's streamed kernel (below) takes them first.
 constexpr int64_t kMmaRowsV1 = 65536;
 constexpr int64_t kMmaRowsK2048 = 8192;
 template <int K>
@@ -851,6 +862,12 @@ bool try_launch_mma(const GemvArgs& a, int64_t total, cudaStream_t s) {
 // Route 5 takes M = 1 launches whose segments are all q4 with 16-byte aligned codes, scales and
 // biases (the bulk copies' alignment), K = 2048 or 4096. Blocks per SM: gemv_stream_blocks_per_sm()
 // (1 leaves room for the next kernel's blocks under PDL), at most what fits.
+// Route 1 (the default) takes the same kernel for the launches it wins, measured on the H200 at
+// 0605c3d (gemv_probe, us per launch, route 1's kernel against this one at 1 | 2 blocks per SM):
+// GDN in_proj (K 2048, 12,352 rows) 11.80 against 8.50 | 9.29; lm_head (248,320 rows, argmax)
+// 118.9 against 90.9 | 85.3; out_proj (K 4096, 2,048 rows) 7.81 against 8.03 | 7.97, so route 1
+// keeps its own kernel for that one. Hence: K = 2048 launches of >= kMmaRowsK2048 rows at 1 block
+// per SM (GDN in_proj, attention q+gate|k|v), launches of >= kMmaRowsV1 rows at 2 (lm_head).
 template <int K>
 int64_t stream_tiles(const GemvArgs& a) {
   int64_t n = 0;
@@ -867,19 +884,30 @@ int stream_fit_per_sm() {
   }();
   return n;
 }
+// Blocks per SM route `v` runs the stream kernel at for a launch of `total` rows, 0 where it does
+// not take it.
 template <int K>
-bool try_launch_stream(const GemvArgs& a, cudaStream_t s) {
+int stream_blocks_per_sm(int v, int64_t total) {
+  if (v == 5) return gemv_stream_blocks_per_sm();
+  if (v != 1) return 0;
+  if (total >= kMmaRowsV1) return 2;
+  if (K == 2048 && total >= kMmaRowsK2048) return 1;
+  return 0;
+}
+template <int K>
+bool try_launch_stream(const GemvArgs& a, int64_t total, cudaStream_t s) {
   if constexpr (K != 2048 && K != 4096) {
     return false;
   } else {
     // (The routing tail needs the whole block's barrier: the router launch is never all-q4.)
-    if (a.M != 1 || gemv_version() != 5 || a.route.logits != nullptr) return false;
+    const int want = stream_blocks_per_sm<K>(gemv_version(), total);
+    if (a.M != 1 || want == 0 || a.route.logits != nullptr) return false;
     for (int i = 0; i < a.nseg; ++i) {
       const DMat& w = a.seg[i].w;
       if (w.fmt != DFmt::Q4 || !w.aligned16()) return false;
     }
     const int64_t tiles = stream_tiles<K>(a);
-    const int per_sm = std::min(stream_fit_per_sm<K>(), gemv_stream_blocks_per_sm());
+    const int per_sm = std::min(stream_fit_per_sm<K>(), want);
     const int blocks = int(std::min<int64_t>(tiles, int64_t(num_sms()) * per_sm));
     launch_pdl(gemv_stream_kernel<K>, dim3(blocks), dim3(kStreamThreads), StreamCfg<K>::kSmem, s, a, tiles);
     return true;
@@ -889,7 +917,7 @@ bool try_launch_stream(const GemvArgs& a, cudaStream_t s) {
 // Decode (M = 1) gets its own instantiation: the M <= 8 one holds 8 accumulators per lane.
 template <int K>
 void launch_gemv(const GemvArgs& a, int64_t total, cudaStream_t s) {
-  if (try_launch_stream<K>(a, s)) return;
+  if (try_launch_stream<K>(a, total, s)) return;
   if (try_launch_mma<K>(a, total, s)) return;
   if (try_launch_rows<K>(a, total, s)) return;
   if (a.M == 1)

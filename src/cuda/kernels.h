@@ -35,7 +35,8 @@ void set_pdl_enabled(bool on);
 // Read when kernels are launched or captured.
 int gemv_version();
 void set_gemv_version(int v);
-// Blocks per SM of route 5 (1 or 2, KESTREL_GEMV_STREAM_BPS; default 2), capped by what fits.
+// Blocks per SM of route 5 (1 or 2, KESTREL_GEMV_STREAM_BPS; default 1), capped by what fits.
+// (Route 1 picks its own per launch: gemv.cu, stream_blocks_per_sm.)
 int gemv_stream_blocks_per_sm();
 void set_gemv_stream_blocks_per_sm(int n);
 

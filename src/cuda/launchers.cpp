@@ -38,7 +38,7 @@ int& gemv_flag() {
   return f;
 }
 int& gemv_stream_bps_flag() {
-  static int f = env_choice("KESTREL_GEMV_STREAM_BPS", {1, 2}, 2);
+  static int f = env_choice("KESTREL_GEMV_STREAM_BPS", {1, 2}, 1);
   return f;
 }
 int& moe_fused_flag() {

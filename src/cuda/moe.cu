@@ -107,9 +107,8 @@ __device__ __forceinline__ void gate_up_block(const MoeGateUpArgs& a, int vb) {
 
 template <DFmt F>
 __global__ void __launch_bounds__(256) moe_gate_up_kernel(const __grid_constant__ MoeGateUpArgs a) {
-  pdl_launch_dependents();
   pdl_wait();
-  gate_up_block<F, kGuTasks<F>>(a, blockIdx.x);
+  gate_up_block<F, kGuTasks<F>>(a, blockIdx.x);  // (the trigger: at exit)
 }
 
 // moe_gate_up with q4 experts on the tensor cores (mma_dot.cuh; the default, KESTREL_MOE_MMA=0
@@ -130,7 +129,6 @@ __global__ void __launch_bounds__(256, 3) moe_gate_up_mma_kernel(const __grid_co
   float* xs = reinterpret_cast<float*>(xs4);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int t = lane & 3, g = lane >> 2;
-  pdl_launch_dependents();
   pdl_wait();
   const float4 h0 = ld4(a.h + 4 * tid), h1 = ld4(a.h + 4 * (tid + 256));
   const int* topk_idx = gate_up_selection(a, int(blockIdx.x), sidx, sw);
@@ -174,6 +172,7 @@ __global__ void __launch_bounds__(256, 3) moe_gate_up_mma_kernel(const __grid_co
       a.act[int64_t(slot) * a.I + (tile - slot * per_slot) * kGuMmaRows + tid] = silu_f(gv) * uv;
     }
   }
+  pdl_launch_dependents();  // (at the end: these blocks fill the GPU; common.cuh)
 }
 
 // Dependencies between the two parts of the fused launch (moe_experts_kernel): the gate/up blocks
@@ -328,9 +327,8 @@ __device__ __forceinline__ void down_block(const MoeDownArgs& a, int vb, const u
 
 template <DFmt F, int KI>
 __global__ void __launch_bounds__(256, 2) moe_down_kernel(const __grid_constant__ MoeDownArgs a) {
-  pdl_launch_dependents();
   pdl_wait();
-  down_block<F, KI, kDownRows>(a, blockIdx.x, nullptr, 0u);
+  down_block<F, KI, kDownRows>(a, blockIdx.x, nullptr, 0u);  // (the trigger: at exit)
 }
 
 // moe_down with q4 experts on the tensor cores (the default for top-k <= 8; 6.2 against 9.7 us): a block owns 16
@@ -349,7 +347,6 @@ __global__ void __launch_bounds__(32 * kDownMmaWarps) moe_down_mma_kernel(const 
   const int t = lane & 3, g = lane >> 2;
   const int nm = a.topk + 1;
   const int64_t r0 = int64_t(blockIdx.x) * kMmaTileRows;
-  pdl_launch_dependents();
   pdl_wait();
   float wk = 0.f, xr = 0.f, sgt = 0.f;
   if (tid < a.topk) wk = a.topk_w[tid];
@@ -413,6 +410,7 @@ __global__ void __launch_bounds__(32 * kDownMmaWarps) moe_down_mma_kernel(const 
     }
   }
   if (tid < a.topk) wts[tid] = wk;
+  pdl_launch_dependents();  // the dots are done; what is left is the combine
   __syncthreads();
   if (tid < kMmaTileRows) {
     float acc = 0.f;
@@ -428,7 +426,8 @@ __global__ void __launch_bounds__(32 * kDownMmaWarps) moe_down_mma_kernel(const 
 // down blocks, so some gate/up block can always run: the waits always end.
 template <DFmt F>
 __global__ void __launch_bounds__(256, 2) moe_experts_kernel(const __grid_constant__ MoeExpertsArgs a) {
-  pdl_launch_dependents();
+  // No trigger: the blocks' waits on each other need them all resident, so the next kernel's
+  // blocks may start only as these exit.
   pdl_wait();
   const int ngu = gate_up_blocks(int64_t(a.gu.topk) * a.gu.I, kFusedGuTasks<F>);
   if (int(blockIdx.x) < ngu) {
