@@ -342,7 +342,8 @@ void run_bench(const BenchOpts& o) {
     const double tps = 1.0 / med, gbs = bytes / med / 1e9, floor = kBandwidth / bytes;
     const std::string gname = std::to_string(md.gemv / 10) + (md.gemv % 10 == 2 ? "x2" : "");
     std::printf("%-8s %4s %4s %5s %7s %5s %9lld %10.4f %10.1f %11.1f %10.1f %7.1f%%\n", weights.c_str(),
-                gname.c_str(), pdl ? "on" : "off", moe_names[size_t(md.moe)].c_str(), place,
+                gname.c_str(),
+                cuda::pdl_pin_enabled() ? (pdl ? "on+p" : "of+p") : (pdl ? "on" : "off"), moe_names[size_t(md.moe)].c_str(), place,
                 cuda::route_algo_name(md.algo), (long long)ctx,
                 med * 1e3, tps, gbs, floor, 100.0 * tps / floor);
     std::fflush(stdout);
@@ -361,6 +362,7 @@ void run_bench(const BenchOpts& o) {
                        {"fraction_of_floor", tps / floor},
                        {"layers", b->config().num_layers},
                        {"pdl", pdl},
+                       {"pdl_pin", cuda::pdl_pin_enabled()},  // KESTREL_PDL_PIN (kernels.h)
                        {"gemv_route", md.gemv / 10},
                        {"gemv_stream_blocks_per_sm", md.gemv % 10},
                        {"moe_route", moe_names[size_t(md.moe)].c_str()},

@@ -23,13 +23,25 @@ int num_sms();  // multiprocessors of the current device (cached)
 // kernels are launched or captured.
 bool pdl_enabled();
 void set_pdl_enabled(bool on);
+// Blocks-per-SM pinning (KESTREL_PDL_PIN=1; default off, an experiment of bench/NOTES.md v13):
+// the launches whose grids are sized to a number of blocks per SM (the streamed GEMV at 1, the
+// tensor-core expert kernels at 2 and 1) take enough dynamic shared memory that no more than that
+// many fit on an SM, so that under PDL, launched into a GPU the previous kernel still occupies,
+// the block scheduler cannot stack them unevenly.
+bool pdl_pin_enabled();
+void set_pdl_pin(bool on);
+// The dynamic shared memory a launch of `func` (using `dyn` bytes) takes so that at most
+// `per_sm` blocks fit on an SM: `dyn` itself when pinning is off. Raises the kernel's dynamic
+// shared-memory limit as needed (first call per kernel and size).
+size_t pinned_smem(const void* func, size_t dyn, int per_sm);
 
 // GEMV route for M = 1 with one weight format per launch: 1 = one row per warp (measured default),
 // 2 = several rows per warp with the first weight loads issued before the activation staging
 // (KESTREL_GEMV=2 selects it), 3 = the dot products on the tensor cores for launches whose
-// segments are all q4 (gemv.cu; the others take route 1) (KESTREL_GEMV=3). Route 1 also takes the
-// tensor-core kernel for the all-q4 launches where it measured faster: >= 65536 rows (lm_head),
-// and K = 2048 with >= 8192 rows (GDN in_proj, attention q+gate|k|v). 5 = the weights of all-q4
+// segments are all q4 (gemv.cu; the others take route 1) (KESTREL_GEMV=3). Route 1 also takes
+// route 5's streamed kernel (or, where not 16-byte aligned, the tensor-core kernel) for the all-q4
+// launches where it measured faster: >= 65536 rows (lm_head), and K = 2048 with >= 8192 rows (GDN
+// in_proj, attention q+gate|k|v). 5 = the weights of all-q4
 // launches streamed into shared memory by bulk copies, dots on the tensor cores (gemv.cu v5; the
 // other launches take route 1) (KESTREL_GEMV=5). (4 was a route folded into 1.)
 // Read when kernels are launched or captured.

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <utility>
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
@@ -28,6 +29,10 @@ int env_choice(const char* name, std::initializer_list<int> allowed, int dflt) {
   for (int v : allowed)
     if (std::to_string(v) == e) return v;
   return dflt;
+}
+int& pdl_pin_flag() {
+  static int f = env_choice("KESTREL_PDL_PIN", {0, 1}, 0);
+  return f;
 }
 int& pdl_flag() {
   static int f = env_choice("KESTREL_PDL", {0, 1}, 0);
@@ -64,6 +69,29 @@ void check_routing(int E, int topk, const char* who) {
 }
 }  // namespace
 bool pdl_enabled() { return pdl_flag() != 0; }
+bool pdl_pin_enabled() { return pdl_pin_flag() != 0; }
+void set_pdl_pin(bool on) { pdl_pin_flag() = on ? 1 : 0; }
+size_t pinned_smem(const void* func, size_t dyn, int per_sm) {
+  if (!pdl_pin_enabled()) return dyn;
+  KESTREL_CHECK(per_sm >= 1, "pinned_smem: {} blocks per SM", per_sm);
+  static const std::pair<int, int> sm = [] {
+    int dev = 0, cap = 0, reserved = 0;
+    KCUDA(cudaGetDevice(&dev));
+    KCUDA(cudaDeviceGetAttribute(&cap, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    KCUDA(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
+    return std::pair<int, int>{cap, reserved};
+  }();
+  cudaFuncAttributes fa{};
+  KCUDA(cudaFuncGetAttributes(&fa, func));
+  // per_sm + 1 blocks of `total` (+ the per-block reservation) must not fit; per_sm must.
+  const size_t total = size_t(sm.first / (per_sm + 1) - sm.second + 128);
+  KESTREL_CHECK(total + size_t(sm.second) <= size_t(sm.first / per_sm), "pinned_smem: {} blocks per SM", per_sm);
+  const size_t want = total > fa.sharedSizeBytes ? total - fa.sharedSizeBytes : 0;
+  const size_t d = std::max(dyn, want);
+  if (d > size_t(fa.maxDynamicSharedSizeBytes))
+    KCUDA(cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, int(d)));
+  return d;
+}
 void set_pdl_enabled(bool on) { pdl_flag() = on ? 1 : 0; }
 int gemv_version() { return gemv_flag(); }
 void set_gemv_version(int v) {

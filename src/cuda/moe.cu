@@ -460,7 +460,8 @@ void moe_gate_up_launch(const MoeGateUpArgs& a, cudaStream_t s) {
     // second wave) and 7.59 for one block per tile (0ebcc86).
     const int tiles = int(tasks / kGuMmaRows);
     const int grid = std::min({tiles, 2 * num_sms(), gate_up_mma_resident()});
-    launch_pdl(moe_gate_up_mma_kernel, dim3(grid), dim3(256), 0, s, a);
+    launch_pdl(moe_gate_up_mma_kernel, dim3(grid), dim3(256),
+               pinned_smem(reinterpret_cast<const void*>(moe_gate_up_mma_kernel), 0, 2), s, a);
     return;
   }
   switch (a.gate.fmt) {
@@ -472,7 +473,8 @@ void moe_gate_up_launch(const MoeGateUpArgs& a, cudaStream_t s) {
 
 void moe_down_launch(const MoeDownArgs& a, cudaStream_t s) {
   if (a.down.fmt == DFmt::Q4 && moe_mma_enabled() && a.topk <= kDownMmaMaxK) {
-    launch_pdl(moe_down_mma_kernel, dim3(unsigned(a.hidden / kMmaTileRows)), dim3(32 * kDownMmaWarps), 0, s, a);
+    launch_pdl(moe_down_mma_kernel, dim3(unsigned(a.hidden / kMmaTileRows)), dim3(32 * kDownMmaWarps),
+               pinned_smem(reinterpret_cast<const void*>(moe_down_mma_kernel), 0, 1), s, a);
     return;
   }
   const int blocks = int(a.hidden / kDownRows);

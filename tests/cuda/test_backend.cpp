@@ -220,6 +220,15 @@ TEST(CudaBackend, MatchesCpuBackendQ4Pdl) {
   run_e2e_with(pdl_enabled, set_pdl_enabled, false, "programmatic dependent launch");
 }
 
+// PDL with the blocks-per-SM pinning (KESTREL_PDL_PIN, off by default): the padded launches.
+TEST(CudaBackend, MatchesCpuBackendQ4PdlPinned) {
+  REQUIRE_GPU();
+  ASSERT_FALSE(pdl_pin_enabled()) << "pinning is off by default";
+  set_pdl_pin(true);
+  run_e2e_with(pdl_enabled, set_pdl_enabled, false, "programmatic dependent launch, pinned");
+  set_pdl_pin(false);
+}
+
 TEST(CudaBackend, MatchesCpuBackendQ4MoeScalar) {  // q4 experts off the tensor cores (the former default)
   REQUIRE_GPU();
   run_e2e_with(moe_mma_enabled, set_moe_mma_enabled, true, "the tensor-core experts");
