@@ -142,7 +142,7 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
       --pdl ${BENCH_PDL:-both} --moe mma --route auto --route-algo block --out "$W/results" > "$W/bench_q4.log" 2>&1
     note "bench q4: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_q4.log" | tee -a "$SUMMARY"
     T0=$(date +%s)
-    timeout 80 "$BIN/kestrel" bench --synthetic bf16 --contexts 0,4096 --steps 128 --gemv 2 --pdl ${BENCH_PDL:-both} \
+    timeout 80 "$BIN/kestrel" bench --synthetic bf16 --contexts 0,4096 --steps 128 --gemv ${BENCH_GEMV_BF16:-1,2} --pdl ${BENCH_PDL:-both} \
       --moe split --route auto --route-algo block --out "$W/results" > "$W/bench_bf16.log" 2>&1
     note "bench bf16: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_bf16.log" | tee -a "$SUMMARY"
     # The dependency-primitive micro-benchmark (kernel boundary vs in-kernel publish/wait).

@@ -792,11 +792,17 @@ void launch_rows(const GemvArgs& a, int64_t total, cudaStream_t s) {
   launch_pdl(gemv_rows_kernel<F, K>, dim3(blocks), dim3(kThreads), smem, s, a, total);
 }
 
+// Route 2 takes every M = 1 launch of one weight format; route 1 the bf16 ones: measured on the
+// H200 at 821cf56, the bf16 model decodes at 378.3 / 369.0 tok/s (ctx 0 / 4K) on route 2 against
+// 356.3 / 347.9 on route 1's one-row kernel, and 390.2 / 377.6 against 356.7 / 346.0 with PDL
+// (bench/NOTES.md v13; for q4 launches route 2 measured slower, v2).
 template <int K>
 bool try_launch_rows(const GemvArgs& a, int64_t total, cudaStream_t s) {
-  if (a.M != 1 || gemv_version() != 2) return false;
+  const int v = gemv_version();
+  if (a.M != 1 || (v != 2 && v != 1)) return false;
   for (int i = 1; i < a.nseg; ++i)
     if (a.seg[i].w.fmt != a.seg[0].w.fmt) return false;  // v2 is one format per launch
+  if (v == 1 && a.seg[0].w.fmt != DFmt::BF16) return false;
   switch (a.seg[0].w.fmt) {
     case DFmt::Q4:
       if constexpr ((K / 32) % 32 == 0) { launch_rows<DFmt::Q4, K>(a, total, s); return true; }
@@ -813,7 +819,9 @@ void launch_gemv_mm(const GemvArgs& a, int64_t total, cudaStream_t s) {
   const size_t smem = size_t(a.M) * K * 4 + size_t(a.M) * (K / 16) * 4;
   const int64_t want = (total + kWarps - 1) / kWarps;
   const int blocks = int(std::min<int64_t>(want, int64_t(num_sms()) * 4));
-  launch_pdl(gemv_kernel<K, MM>, dim3(blocks), dim3(kThreads), smem, s, a, total);
+  const int per_sm = (blocks + num_sms() - 1) / num_sms();
+  launch_pdl(gemv_kernel<K, MM>, dim3(blocks), dim3(kThreads),
+             MM == 1 ? pinned_smem(reinterpret_cast<const void*>(gemv_kernel<K, MM>), smem, per_sm, 2) : smem, s, a, total);
 }
 
 // Blocks of gemv_mma_kernel<K> resident at once (occupancy API; first called from gemv_init).

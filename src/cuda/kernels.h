@@ -18,22 +18,25 @@ void cuda_check(cudaError_t e, const char* what, const char* file, int line);
 
 int num_sms();  // multiprocessors of the current device (cached)
 
-// Programmatic dependent launch between consecutive kernels (default off: measured 3-10 % slower
-// on every decode configuration, bench/NOTES.md v1-v2; KESTREL_PDL=1 turns it on). Read when
-// kernels are launched or captured.
+// Programmatic dependent launch between consecutive kernels (default on, KESTREL_PDL=0 turns it
+// off). It measured 3-10 % slower until bench/NOTES.md v13 moved each kernel's trigger after its
+// main loop and pinned the blocks per SM of the per-SM-sized grids (below): then q4 decodes at
+// 613.8 against 574.6 tok/s without PDL (ctx 0, H200, 821cf56). Read when kernels are launched or
+// captured.
 bool pdl_enabled();
 void set_pdl_enabled(bool on);
-// Blocks-per-SM pinning (KESTREL_PDL_PIN=1; default off, an experiment of bench/NOTES.md v13):
-// the launches whose grids are sized to a number of blocks per SM (the streamed GEMV at 1, the
-// tensor-core expert kernels at 2 and 1) take enough dynamic shared memory that no more than that
-// many fit on an SM, so that under PDL, launched into a GPU the previous kernel still occupies,
-// the block scheduler cannot stack them unevenly.
-bool pdl_pin_enabled();
-void set_pdl_pin(bool on);
+// Blocks-per-SM pinning (KESTREL_PDL_PIN; bench/NOTES.md v13): launches whose grids are sized to
+// a number of blocks per SM take enough dynamic shared memory that no more than that many fit on
+// an SM, so that under PDL, launched into a GPU the previous kernel still occupies, the block
+// scheduler cannot stack them unevenly. Level 1: the streamed GEMV (1 per SM; 2 for lm_head) and
+// the tensor-core expert kernels (gate/up 2, down 1); level 2 also the one-row GEMV kernel of
+// route 1 (its blocks / SMs, rounded up) and the GDN decode step (1); 0 off. Default 1.
+int pdl_pin();
+void set_pdl_pin(int level);
 // The dynamic shared memory a launch of `func` (using `dyn` bytes) takes so that at most
-// `per_sm` blocks fit on an SM: `dyn` itself when pinning is off. Raises the kernel's dynamic
-// shared-memory limit as needed (first call per kernel and size).
-size_t pinned_smem(const void* func, size_t dyn, int per_sm);
+// `per_sm` blocks fit on an SM, when the pinning level is >= `level`: else `dyn` itself. Raises
+// the kernel's dynamic shared-memory limit as needed.
+size_t pinned_smem(const void* func, size_t dyn, int per_sm, int level = 1);
 
 // GEMV route for M = 1 with one weight format per launch: 1 = one row per warp (measured default),
 // 2 = several rows per warp with the first weight loads issued before the activation staging

@@ -215,18 +215,23 @@ void run_e2e_with(bool (*enabled)(), void (*set)(bool), bool dflt, const char* w
   set(dflt);
 }
 
-TEST(CudaBackend, MatchesCpuBackendQ4Pdl) {
+TEST(CudaBackend, MatchesCpuBackendQ4PdlOff) {  // the other tests run with PDL, its default
   REQUIRE_GPU();
-  run_e2e_with(pdl_enabled, set_pdl_enabled, false, "programmatic dependent launch");
+  run_e2e_with(pdl_enabled, set_pdl_enabled, true, "programmatic dependent launch");
 }
 
-// PDL with the blocks-per-SM pinning (KESTREL_PDL_PIN, off by default): the padded launches.
-TEST(CudaBackend, MatchesCpuBackendQ4PdlPinned) {
+// PDL (the default) with the blocks-per-SM pinning at level 2 (the default is 1; kernels.h) and
+// at 0 (none).
+TEST(CudaBackend, MatchesCpuBackendQ4PdlPinLevels) {
   REQUIRE_GPU();
-  ASSERT_FALSE(pdl_pin_enabled()) << "pinning is off by default";
-  set_pdl_pin(true);
-  run_e2e_with(pdl_enabled, set_pdl_enabled, false, "programmatic dependent launch, pinned");
-  set_pdl_pin(false);
+  ASSERT_TRUE(pdl_enabled());
+  ASSERT_EQ(pdl_pin(), 1) << "pinning level 1 is the default";
+  for (int level : {2, 0}) {
+    SCOPED_TRACE("pin level " + std::to_string(level));
+    set_pdl_pin(level);
+    run_e2e(WFormat::Q4, WFormat::Q8, 2);
+  }
+  set_pdl_pin(1);
 }
 
 TEST(CudaBackend, MatchesCpuBackendQ4MoeScalar) {  // q4 experts off the tensor cores (the former default)
