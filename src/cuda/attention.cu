@@ -61,8 +61,8 @@ __device__ __forceinline__ void ld8(float (&x)[8], const float* p) {
 }
 
 // Latency, not bandwidth, bounds this kernel at short contexts (a few blocks of one or two tiles),
-// so the serial chain after pdl_wait is kept to: pos load (q load alongside) -> first K/V tile
-// loads -> q and new k norm + rope while they fly -> tile loop. The rope angles are one sincosf
+// so the serial chain is kept to: pos load -> first K/V tile loads (both before pdl_wait) -> q
+// load -> q and new k norm + rope while the tile flies -> tile loop. The rope angles are one sincosf
 // per lane (32 frequencies), shuffled to the dims; the first version inlined powf+sinf+cosf for
 // each of 8 dims twice: 105 KB of code (27 us per launch at 100 positions, measured), cold in the
 // instruction cache on every launch.
@@ -85,10 +85,9 @@ __global__ void __launch_bounds__(256) attn_split_kernel(const __grid_constant__
   const float inv_freq = 1.f / powf(float(a.rope_theta), float(2 * lane) / float(kRot));
   if (warp == 0 && lane < D * 4 / 128)  // k_norm into L2 for the warp that ropes the new k
     asm volatile("prefetch.global.L2 [%0];" ::"l"(a.k_norm + lane * 32));
-  pdl_wait();
+  // The position (written by step_begin) and the cached rows below it (earlier steps) come from
+  // two or more launches back: read before the wait (common.cuh), the first tile with them.
   const int pos = *a.pos, len = pos + 1;
-  float x[8];
-  ld8(x, a.qg + size_t(h) * 2 * D + lane * 8);
   const int chunk = chunk_for(len, a.nsplit);
   const int s0 = sp * chunk;
   if (s0 >= len) return;
@@ -116,6 +115,9 @@ __global__ void __launch_bounds__(256) attn_split_kernel(const __grid_constant__
     }
   };
   load_tile(s0);
+  pdl_wait();  // q, and the new k and v, come from the projection just before
+  float x[8];
+  ld8(x, a.qg + size_t(h) * 2 * D + lane * 8);
   float sn, cs;
   sincosf(float(pos) * inv_freq, &sn, &cs);
   // Query of head h = g*8 + warp: norm + rope, pre-scaled by D^-1/2. Each warp reads only its own

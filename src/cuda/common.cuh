@@ -53,7 +53,11 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 
 // Programmatic dependent launch (sm_90): every kernel waits for its predecessor in pdl_wait (until
 // that grid has finished and its writes are visible); work that reads nothing the predecessor
-// writes (weight prefetch, barrier setup) goes before the wait. pdl_launch_dependents lets the
+// writes (weight prefetch, barrier setup) goes before the wait. So may reads of what was written
+// two or more launches back (the GDN state, the KV cache, the step's position), provided the
+// predecessor triggers only after its own pdl_wait (every kernel below that fills the GPU does;
+// of the top-triggering ones, step_begin and the routing kernel, no successor reads early): its
+// trigger then implies that everything before it has completed. pdl_launch_dependents lets the
 // next kernel's blocks start launching once every block of this grid has called it or exited
 // (the first call in a block counts). Where it goes: a kernel whose blocks fill the GPU calls it
 // once its main loop is done, so the next kernel's launch and prologue overlap only the tail;

@@ -23,13 +23,14 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
   const float A = expf(a.A_log[j]);
   const float dtb = a.dt_bias[j];
   const float qscale = 1.f / sqrtf(float(dk));
-  pdl_wait();
-
+  // The state was last written by this layer's step of the previous token, two or more launches
+  // back: its loads go out before the wait (common.cuh), in flight while in_proj finishes.
   const int i0 = blockIdx.y * kColsPerBlock + warp * kCols;
   float4 S[kCols];
 #pragma unroll
   for (int c = 0; c < kCols; ++c)
     S[c] = reinterpret_cast<const float4*>(a.state + (size_t(j) * dv + i0 + c) * dk)[lane];
+  pdl_wait();
 
   for (int t = 0; t < a.T; ++t) {
     const float* ut = a.u + size_t(t) * a.ldu;
