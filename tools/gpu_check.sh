@@ -116,7 +116,7 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
   T0=$(date +%s)
   FILTER='-PrefillBench*'  # the prefill stage benchmark runs from tools/device/prefill.sh
   [ "$QUICK" = 1 ] && FILTER='-*RealVocab*:*131072*:PrefillBench*'
-  timeout 300 "$BIN/test_cuda" --gtest_filter="$FILTER" --gtest_output=json:"$W/results/test_cuda.json" \
+  timeout 420 "$BIN/test_cuda" --gtest_filter="$FILTER" --gtest_output=json:"$W/results/test_cuda.json" \
     > "$W/test_cuda.log" 2>&1
   RC=$?
   note "tests: rc=$RC in $(( $(date +%s) - T0 )) s"
