@@ -439,6 +439,22 @@ __global__ void __launch_bounds__(kThreads) gemv_rows_kernel(const __grid_consta
   if (a.route.logits != nullptr) route_tail(a.route);
 }
 
+// One warp of a tile-wise kernel (v3, v5): the warp's argmax keys (one per lane, 0 where none)
+// reduced and published with one atomicMax, when the launch has a Logits segment with an argmax.
+// Called by all 32 lanes of the warp.
+__device__ __forceinline__ void publish_argmax(const GemvArgs& a, unsigned long long best, int lane) {
+  unsigned long long* dst = nullptr;
+  for (int s = 0; s < a.nseg; ++s)
+    if (a.seg[s].epi == Epilogue::Logits && a.seg[s].argmax != nullptr) dst = a.seg[s].argmax;
+  if (dst == nullptr) return;  // uniform across the warp
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
+    best = other > best ? other : best;
+  }
+  if (lane == 0 && best != 0ull) atomicMax(dst, best);
+}
+
 // ---- v3 (M = 1, every segment q4, K = 2048 or 4096): the dot products on the tensor cores
 // (mma_dot.cuh). Why: the v1 dot core spends ~4 instructions per weight (unpack, fp16 -> fp32,
 // FFMA, shared loads), so a decode GEMV is bound by instruction issue, not by DRAM (lm_head: 1,881
@@ -527,20 +543,7 @@ __global__ void __launch_bounds__(kThreads, kMmaMinBlocks<K>) gemv_mma_kernel(co
     }
   }
   pdl_launch_dependents();
-  bool logits = false;
-  for (int s = 0; s < a.nseg; ++s)
-    if (a.seg[s].epi == Epilogue::Logits && a.seg[s].argmax != nullptr) logits = true;
-  if (logits && warp == 0) {  // the keys are in threads 0..15
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
-      best = other > best ? other : best;
-    }
-    unsigned long long* dst = nullptr;
-    for (int s = 0; s < a.nseg; ++s)
-      if (a.seg[s].epi == Epilogue::Logits && a.seg[s].argmax != nullptr) dst = a.seg[s].argmax;
-    if (lane == 0 && best != 0ull) atomicMax(dst, best);
-  }
+  if (warp == 0) publish_argmax(a, best, lane);  // the keys are in threads 0..15
   if (a.route.logits != nullptr) route_tail(a.route);
 }
 
@@ -708,20 +711,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1) gemv_stream_kernel(const __
     }
     if constexpr (kTr) if (lane == 0) tr[30] = clock64(), tr[31] = mine;
     pdl_launch_dependents();  // every tile of this block is done
-    bool logits = false;
-    for (int s = 0; s < a.nseg; ++s)
-      if (a.seg[s].epi == Epilogue::Logits && a.seg[s].argmax != nullptr) logits = true;
-    if (logits) {  // the keys are in lanes 0..15
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, o);
-        best = other > best ? other : best;
-      }
-      unsigned long long* dst = nullptr;
-      for (int s = 0; s < a.nseg; ++s)
-        if (a.seg[s].epi == Epilogue::Logits && a.seg[s].argmax != nullptr) dst = a.seg[s].argmax;
-      if (lane == 0 && best != 0ull) atomicMax(dst, best);
-    }
+    publish_argmax(a, best, lane);  // the keys are in lanes 0..15
     return;
   }
 

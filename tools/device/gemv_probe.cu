@@ -158,6 +158,18 @@ Copies make_copies(int64_t N, int K, size_t min_total, DFmt fmt = DFmt::Q4) {
   return c;
 }
 
+// Frees a case's weight copies and its x, norm-weight and output buffers.
+void free_case(Copies& c, float* x, float* nw, float* y) {
+  for (auto& w : c.w) {
+    CK(cudaFree(const_cast<void*>(w.data)));
+    CK(cudaFree(const_cast<uint16_t*>(w.scales)));
+    CK(cudaFree(const_cast<uint16_t*>(w.biases)));
+  }
+  CK(cudaFree(x));
+  CK(cudaFree(nw));
+  CK(cudaFree(y));
+}
+
 template <class F>
 double time_graph(cudaStream_t s, F&& record) {
   return probe::time_graph(s, kNodes, kReps, record);
@@ -457,14 +469,7 @@ void stream_variants_shape(cudaStream_t s, const char* name, int64_t N, bool& fi
       std::printf("}");
     }
   }
-  for (auto& w : c.w) {
-    CK(cudaFree(const_cast<void*>(w.data)));
-    CK(cudaFree(const_cast<uint16_t*>(w.scales)));
-    CK(cudaFree(const_cast<uint16_t*>(w.biases)));
-  }
-  CK(cudaFree(x));
-  CK(cudaFree(nw));
-  CK(cudaFree(y));
+  free_case(c, x, nw, y);
 }
 
 void stream_variants(cudaStream_t s) {
@@ -534,14 +539,7 @@ int main() {
       std::fflush(stdout);
     }
     std::printf("\n    }}");
-    for (auto& w : c.w) {
-      CK(cudaFree(const_cast<void*>(w.data)));
-      CK(cudaFree(const_cast<uint16_t*>(w.scales)));
-      CK(cudaFree(const_cast<uint16_t*>(w.biases)));
-    }
-    CK(cudaFree(x));
-    CK(cudaFree(nw));
-    CK(cudaFree(y));
+    free_case(c, x, nw, y);
   }
   std::printf("\n  },\n  \"production\": {");
   production(s);
