@@ -15,7 +15,7 @@ constexpr int kWarpsPerBlock = 8;
 constexpr int kColsPerBlock = kCols * kWarpsPerBlock;  // 32
 constexpr int kMaxT = 8;
 
-__global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__ GdnDecodeArgs a) {
+__global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__ GdnDecodeArgs a, int early) {
   constexpr int dk = 128, dv = 128;
   const int j = blockIdx.x;  // v-head
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -30,6 +30,7 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
 #pragma unroll
   for (int c = 0; c < kCols; ++c)
     S[c] = reinterpret_cast<const float4*>(a.state + (size_t(j) * dv + i0 + c) * dk)[lane];
+  if (early) pdl_launch_dependents();  // (gdn_early_trigger, kernels.h)
   pdl_wait();
 
   for (int t = 0; t < a.T; ++t) {
@@ -88,7 +89,7 @@ void gdn_decode_launch(const GdnDecodeArgs& a, cudaStream_t s) {
   const dim3 grid(a.Hv, a.dv / kColsPerBlock);
   const int per_sm = int((grid.x * grid.y + unsigned(num_sms()) - 1) / unsigned(num_sms()));
   launch_pdl(gdn_decode_kernel, grid, dim3(256), pinned_smem(reinterpret_cast<const void*>(gdn_decode_kernel), 0, per_sm, 2),
-             s, a);
+             s, a, gdn_early_trigger() ? 1 : 0);
 }
 
 }  // namespace kestrel::cuda
