@@ -363,7 +363,6 @@ void run_bench(const BenchOpts& o) {
                        {"layers", b->config().num_layers},
                        {"pdl", pdl},
                        {"pdl_pin", cuda::pdl_pin()},  // KESTREL_PDL_PIN level (kernels.h)
-                       {"pdl_pin_stream", cuda::pdl_pin_stream()},
                        {"gdn_early_trigger", cuda::gdn_early_trigger()},
                        {"gemv_route", md.gemv / 10},
                        {"gemv_stream_blocks_per_sm", md.gemv % 10},

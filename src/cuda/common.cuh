@@ -61,10 +61,12 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 // next kernel's blocks start launching once every block of this grid has called it or exited
 // (the first call in a block counts). Where it goes: a kernel whose blocks fill the GPU calls it
 // once its main loop is done, so the next kernel's launch and prologue overlap only the tail;
-// the small ones (a block or a few) call it at the top. Until bench/NOTES.md v13 every kernel
-// called it at the top and PDL lost 3-10 % (the likely cause: the waiting blocks of the next
-// kernels held SM slots, so grids sized to the whole GPU no longer fit in one wave). Both are
-// no-ops without the launch attribute.
+// the small ones (a block or a few) call it at the top, and so does the GDN step (one wave of
+// 128 blocks; gdn.cu) once its state loads are out. Until bench/NOTES.md v13 every kernel
+// called it at the top and PDL lost 3-10 %; moving the triggers alone did not change that for q4,
+// pinning the per-SM-sized grids' blocks per SM (kernels.h, pinned_smem) did: the block scheduler
+// had stacked them unevenly on the SMs the predecessor left free. Both are no-ops without the
+// launch attribute.
 __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }

@@ -907,9 +907,8 @@ bool try_launch_stream(const GemvArgs& a, int64_t total, cudaStream_t s) {
     const int64_t tiles = stream_tiles<K>(a);
     const int per_sm = std::min(stream_fit_per_sm<K>(), want);
     const int blocks = int(std::min<int64_t>(tiles, int64_t(num_sms()) * per_sm));
-    const size_t smem = pdl_pin_stream()
-                            ? pinned_smem(reinterpret_cast<const void*>(gemv_stream_kernel<K>), StreamCfg<K>::kSmem, per_sm)
-                            : StreamCfg<K>::kSmem;
+    // (Unpinned, under PDL: 557.7 against 609.4 tok/s at ctx 0, 798dac4; bench/NOTES.md v13.)
+    const size_t smem = pinned_smem(reinterpret_cast<const void*>(gemv_stream_kernel<K>), StreamCfg<K>::kSmem, per_sm);
     launch_pdl(gemv_stream_kernel<K>, dim3(blocks), dim3(kStreamThreads), smem, s, a, tiles);
     return true;
   }

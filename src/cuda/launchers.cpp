@@ -34,12 +34,8 @@ int& pdl_pin_flag() {
   static int f = env_choice("KESTREL_PDL_PIN", {0, 1, 2}, 1);
   return f;
 }
-int& pdl_pin_stream_flag() {
-  static int f = env_choice("KESTREL_PDL_PIN_STREAM", {0, 1}, 1);
-  return f;
-}
 int& gdn_early_flag() {
-  static int f = env_choice("KESTREL_GDN_EARLY", {0, 1}, 0);
+  static int f = env_choice("KESTREL_GDN_EARLY", {0, 1}, 1);
   return f;
 }
 int& pdl_flag() {
@@ -78,8 +74,6 @@ void check_routing(int E, int topk, const char* who) {
 }  // namespace
 bool pdl_enabled() { return pdl_flag() != 0; }
 int pdl_pin() { return pdl_pin_flag(); }
-bool pdl_pin_stream() { return pdl_pin_stream_flag() != 0; }
-void set_pdl_pin_stream(bool on) { pdl_pin_stream_flag() = on ? 1 : 0; }
 bool gdn_early_trigger() { return gdn_early_flag() != 0; }
 void set_gdn_early_trigger(bool on) { gdn_early_flag() = on ? 1 : 0; }
 void set_pdl_pin(int level) {

@@ -234,6 +234,11 @@ TEST(CudaBackend, MatchesCpuBackendQ4PdlPinLevels) {
   set_pdl_pin(1);
 }
 
+TEST(CudaBackend, MatchesCpuBackendQ4GdnLateTrigger) {  // the GDN step's trigger after its loop
+  REQUIRE_GPU();
+  run_e2e_with(gdn_early_trigger, set_gdn_early_trigger, true, "the GDN step's early trigger");
+}
+
 TEST(CudaBackend, MatchesCpuBackendQ4MoeScalar) {  // q4 experts off the tensor cores (the former default)
   REQUIRE_GPU();
   run_e2e_with(moe_mma_enabled, set_moe_mma_enabled, true, "the tensor-core experts");
