@@ -87,9 +87,7 @@ __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__
 
 void gdn_decode_launch(const GdnDecodeArgs& a, cudaStream_t s) {
   const dim3 grid(a.Hv, a.dv / kColsPerBlock);
-  const int per_sm = int((grid.x * grid.y + unsigned(num_sms()) - 1) / unsigned(num_sms()));
-  launch_pdl(gdn_decode_kernel, grid, dim3(256), pinned_smem(reinterpret_cast<const void*>(gdn_decode_kernel), 0, per_sm, 2),
-             s, a, gdn_early_trigger() ? 1 : 0);
+  launch_pdl(gdn_decode_kernel, grid, dim3(256), 0, s, a, gdn_early_trigger() ? 1 : 0);
 }
 
 }  // namespace kestrel::cuda

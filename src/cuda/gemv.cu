@@ -809,9 +809,7 @@ void launch_gemv_mm(const GemvArgs& a, int64_t total, cudaStream_t s) {
   const size_t smem = size_t(a.M) * K * 4 + size_t(a.M) * (K / 16) * 4;
   const int64_t want = (total + kWarps - 1) / kWarps;
   const int blocks = int(std::min<int64_t>(want, int64_t(num_sms()) * 4));
-  const int per_sm = (blocks + num_sms() - 1) / num_sms();
-  launch_pdl(gemv_kernel<K, MM>, dim3(blocks), dim3(kThreads),
-             MM == 1 ? pinned_smem(reinterpret_cast<const void*>(gemv_kernel<K, MM>), smem, per_sm, 2) : smem, s, a, total);
+  launch_pdl(gemv_kernel<K, MM>, dim3(blocks), dim3(kThreads), smem, s, a, total);
 }
 
 // Blocks of gemv_mma_kernel<K> resident at once (occupancy API; first called from gemv_init).

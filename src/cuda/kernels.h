@@ -25,18 +25,18 @@ int num_sms();  // multiprocessors of the current device (cached)
 // captured.
 bool pdl_enabled();
 void set_pdl_enabled(bool on);
-// Blocks-per-SM pinning (KESTREL_PDL_PIN; bench/NOTES.md v13): launches whose grids are sized to
-// a number of blocks per SM take enough dynamic shared memory that no more than that many fit on
-// an SM, so that under PDL, launched into a GPU the previous kernel still occupies, the block
-// scheduler cannot stack them unevenly. Level 1: the streamed GEMV (1 per SM; 2 for lm_head) and
-// the tensor-core expert kernels (gate/up 2, down 1); level 2 also the one-row GEMV kernel of
-// route 1 (its blocks / SMs, rounded up) and the GDN decode step (1); 0 off. Default 1.
-int pdl_pin();
-void set_pdl_pin(int level);
+// Blocks-per-SM pinning (KESTREL_PDL_PIN, default 1; bench/NOTES.md v13): launches whose grids are
+// sized to a number of blocks per SM (the streamed GEMV at 1 per SM, 2 for lm_head; the
+// tensor-core expert kernels, gate/up at 2 and down at 1) take enough dynamic shared memory that
+// no more than that many fit on an SM, so that under PDL, launched into a GPU the previous kernel
+// still occupies, the block scheduler cannot stack them unevenly. (Pinning route 1's one-row GEMV
+// and the GDN step as well measured as noise, 611.6 against 611.3 tok/s, and was dropped.)
+bool pdl_pin_enabled();
+void set_pdl_pin(bool on);
 // The dynamic shared memory a launch of `func` (using `dyn` bytes) takes so that at most
-// `per_sm` blocks fit on an SM, when the pinning level is >= `level`: else `dyn` itself. Raises
-// the kernel's dynamic shared-memory limit as needed.
-size_t pinned_smem(const void* func, size_t dyn, int per_sm, int level = 1);
+// `per_sm` blocks fit on an SM when pinning is on, else `dyn` itself. Raises the kernel's dynamic
+// shared-memory limit as needed.
+size_t pinned_smem(const void* func, size_t dyn, int per_sm);
 // The GDN decode step triggers its successor right after issuing its state loads instead of
 // after its main loop (KESTREL_GDN_EARLY, default 1; 0 for the late trigger): its 128 blocks are
 // all resident at once, so the out_proj launch after it prefetches its weights during the step.

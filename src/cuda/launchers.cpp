@@ -31,7 +31,7 @@ int env_choice(const char* name, std::initializer_list<int> allowed, int dflt) {
   return dflt;
 }
 int& pdl_pin_flag() {
-  static int f = env_choice("KESTREL_PDL_PIN", {0, 1, 2}, 1);
+  static int f = env_choice("KESTREL_PDL_PIN", {0, 1}, 1);
   return f;
 }
 int& gdn_early_flag() {
@@ -73,15 +73,12 @@ void check_routing(int E, int topk, const char* who) {
 }
 }  // namespace
 bool pdl_enabled() { return pdl_flag() != 0; }
-int pdl_pin() { return pdl_pin_flag(); }
+bool pdl_pin_enabled() { return pdl_pin_flag() != 0; }
+void set_pdl_pin(bool on) { pdl_pin_flag() = on ? 1 : 0; }
 bool gdn_early_trigger() { return gdn_early_flag() != 0; }
 void set_gdn_early_trigger(bool on) { gdn_early_flag() = on ? 1 : 0; }
-void set_pdl_pin(int level) {
-  KESTREL_CHECK(level >= 0 && level <= 2, "PDL pinning level {} (0, 1 or 2)", level);
-  pdl_pin_flag() = level;
-}
-size_t pinned_smem(const void* func, size_t dyn, int per_sm, int level) {
-  if (pdl_pin() < level) return dyn;
+size_t pinned_smem(const void* func, size_t dyn, int per_sm) {
+  if (!pdl_pin_enabled()) return dyn;
   KESTREL_CHECK(per_sm >= 1, "pinned_smem: {} blocks per SM", per_sm);
   static const std::pair<int, int> sm = [] {
     int dev = 0, cap = 0, reserved = 0;

@@ -220,18 +220,10 @@ TEST(CudaBackend, MatchesCpuBackendQ4PdlOff) {  // the other tests run with PDL,
   run_e2e_with(pdl_enabled, set_pdl_enabled, true, "programmatic dependent launch");
 }
 
-// PDL (the default) with the blocks-per-SM pinning at level 2 (the default is 1; kernels.h) and
-// at 0 (none).
-TEST(CudaBackend, MatchesCpuBackendQ4PdlPinLevels) {
+TEST(CudaBackend, MatchesCpuBackendQ4PdlUnpinned) {  // PDL (the default) without the pinning
   REQUIRE_GPU();
   ASSERT_TRUE(pdl_enabled());
-  ASSERT_EQ(pdl_pin(), 1) << "pinning level 1 is the default";
-  for (int level : {2, 0}) {
-    SCOPED_TRACE("pin level " + std::to_string(level));
-    set_pdl_pin(level);
-    run_e2e(WFormat::Q4, WFormat::Q8, 2);
-  }
-  set_pdl_pin(1);
+  run_e2e_with(pdl_pin_enabled, set_pdl_pin, true, "the blocks-per-SM pinning");
 }
 
 TEST(CudaBackend, MatchesCpuBackendQ4GdnLateTrigger) {  // the GDN step's trigger after its loop

@@ -54,7 +54,8 @@ void run_gemv(const GemvCase& c, uint32_t seed) {
 }
 
 // Runs the body once per GEMV route (v1 one row per warp, with lm_head and the large K = 2048
-// launches on the streamed kernel of v5 where all-q4 and 16-byte aligned, else on the tensor cores; v2 rows in flight; v3 tensor cores; v5 weights streamed by bulk
+// launches on the streamed kernel of v5 where all-q4 and 16-byte aligned, else on the tensor
+// cores; v2 rows in flight; v3 tensor cores; v5 weights streamed by bulk
 // copies, at 1 and 2 blocks per SM; M = 1 takes v2/v3/v5 when selected), restoring v1.
 struct GemvRoutes {
   template <class F>

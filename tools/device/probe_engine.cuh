@@ -22,7 +22,7 @@ int num_sms() {
   return n;
 }
 bool pdl_enabled() { return false; }
-size_t pinned_smem(const void*, size_t dyn, int, int) { return dyn; }  // the probes run unpinned
+size_t pinned_smem(const void*, size_t dyn, int) { return dyn; }  // the probes run unpinned
 int g_probe_gemv_version = 1;  // the GEMV route a probe runs (gemv_probe: 1, then 3)
 int gemv_version() { return g_probe_gemv_version; }
 int g_probe_stream_bps = 2;  // gemv_probe: route 5's blocks per SM
