@@ -364,6 +364,8 @@ void run_bench(const BenchOpts& o) {
                        {"pdl", pdl},
                        {"pdl_pin", cuda::pdl_pin_enabled()},  // KESTREL_PDL_PIN (kernels.h)
                        {"gdn_early_trigger", cuda::gdn_early_trigger()},
+                       {"moe_down_early", cuda::moe_down_early()},  // KESTREL_MOE_DOWN_EARLY
+                       {"gemv_preload", cuda::gemv_preload()},      // KESTREL_GEMV_PRELOAD
                        {"gemv_route", md.gemv / 10},
                        {"gemv_stream_blocks_per_sm", md.gemv % 10},
                        {"moe_route", moe_names[size_t(md.moe)].c_str()},

@@ -596,6 +596,7 @@ class CudaBackend final : public Backend {
     int* ti;
     unsigned* route_counter;  // RouteTail's completion counter (zero between launches)
     unsigned* moe_counters;   // moe_experts' [2] counters (zero between launches)
+    unsigned* sel_flag;       // moe_gate_up -> moe_down selection flag (SelRead::Flag; [2], zero between launches)
     unsigned long long* argmax;
   };
 
@@ -660,6 +661,8 @@ class CudaBackend final : public Backend {
     KCUDA(cudaMemset(sc_.route_counter, 0, sizeof(unsigned)));
     sc_.moe_counters = A.alloc_n<unsigned>(2);
     KCUDA(cudaMemset(sc_.moe_counters, 0, 2 * sizeof(unsigned)));
+    sc_.sel_flag = A.alloc_n<unsigned>(2);
+    KCUDA(cudaMemset(sc_.sel_flag, 0, 2 * sizeof(unsigned)));
     sc_.act = A.alloc_n<float>(size_t(c.num_experts_per_tok) * c.moe_intermediate_size);
     sc_.logits = A.alloc_n<float>(size_t(c.vocab_size));
     sc_.argmax = A.alloc_n<unsigned long long>(1);
@@ -841,6 +844,17 @@ class CudaBackend final : public Backend {
     dn.down = d.down;
     dn.shared_down = d.sh_down;
     dn.x = sc_.x;
+    // The down kernel's early selection read (kernels.h, moe_down_early).
+    const int early = moe_down_early();
+    if (!fused && early >= 1 && moe_down_takes_mma(dn)) {
+      if (place == RoutePlace::GateUp) {
+        dn.sel = SelRead::Flag;
+        dn.sel_ready = gu.sel_ready = sc_.sel_flag;
+      } else {
+        dn.sel = SelRead::Early;  // the tail or the routing kernel wrote it, two launches back
+      }
+      gu.trigger_early = early >= 2;
+    }
     if (fused) {
       moe_experts(MoeExpertsArgs{gu, dn, sc_.moe_counters}, s_);
     } else {

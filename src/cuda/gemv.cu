@@ -173,8 +173,20 @@ __global__ void __launch_bounds__(kRouteBlockThreads) decode_route_kernel(const 
 // Rows per warp gemv_kernel prefetches into L2 before it waits on the previous kernel.
 constexpr int kPrefetchRows = 4;
 
+// gemv_kernel's first row of each warp in registers (M = 1, q4 rows; gemv_preload). Its K = 512
+// instantiation never preloads (16 chunks per row do not divide among 32 lanes): the 1024 only
+// gives the unused type a valid shape.
 template <int K, int MM>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ GemvArgs a, int64_t total_rows) {
+constexpr bool kPreload = MM == 1 && kFits<DFmt::Q4, K, 32>;
+template <int K, int MM>
+using PreloadRow = RowLoads<DFmt::Q4, kPreload<K, MM> ? K : 1024, 32, 1>;
+
+// pre (gemv_preload, M = 1 only): the warp's first row, when it is q4, is loaded into registers
+// before the wait on the previous kernel, so that after the staging its dot starts at once
+// (out_proj, o_proj and the router launch have one row per warp; bench/NOTES.md v14).
+template <int K, int MM>
+__global__ void __launch_bounds__(kThreads, MM == 1 ? 2 : 1) gemv_kernel(const __grid_constant__ GemvArgs a, int64_t total_rows,
+                                                        int pre) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);
   float* xsum = xs + size_t(a.M) * K;
@@ -182,11 +194,25 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
   __shared__ unsigned long long best_s[kWarps][kMaxGemvRows];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int M = a.M;
+  PreloadRow<K, MM> P;
+  P.on[0] = false;
+  if constexpr (kPreload<K, MM>) {
+    const int64_t r = int64_t(blockIdx.x) * kWarps + warp;
+    if (pre && r < total_rows) {
+      int s = 0;
+      int64_t lr = r;
+      while (lr >= a.seg[s].w.rows) lr -= a.seg[s++].w.rows;
+      const DMat* pw[1] = {a.seg[s].w.fmt == DFmt::Q4 ? &a.seg[s].w : nullptr};
+      const int64_t pr[1] = {lr};
+      P.issue(pw, pr, lane);
+    }
+  }
   // Weights do not depend on the previous kernel: start this warp's first kPrefetchRows rows
   // (codes, and the scales and biases of the quantized ones) towards L2 while x is staged. (Was
   // the first row's codes only: out_proj, 2,048 rows of K 4096 over 1,056 warps, then waited on
-  // DRAM for its second row and every row's scales; bench/NOTES.md v13.)
-  for (int i = 0; i < kPrefetchRows; ++i) {
+  // DRAM for its second row and every row's scales; bench/NOTES.md v13.) A preloaded row is
+  // in flight already.
+  for (int i = P.on[0] ? 1 : 0; i < kPrefetchRows; ++i) {
     int64_t r = (int64_t(blockIdx.x) + int64_t(i) * gridDim.x) * kWarps + warp;
     if (r >= total_rows) break;
     int s = 0;
@@ -212,8 +238,9 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
 #pragma unroll
   for (int m = 0; m < MM; ++m) best[m] = 0ull;
   bool any_logits = false;
-  for (int64_t r = int64_t(blockIdx.x) * kWarps + warp; r < total_rows;
-       r += int64_t(gridDim.x) * kWarps) {
+  // One row: its dot (from the preloaded registers when `preloaded`, a constant at both calls)
+  // and its epilogue. The preloaded row is peeled off the loop so its registers die with it.
+  const auto do_row = [&](int64_t r, bool preloaded) {
     int s = 0;
     int64_t lr = r;
     while (lr >= a.seg[s].w.rows) lr -= a.seg[s++].w.rows;
@@ -221,7 +248,15 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
     float acc[MM];
 #pragma unroll
     for (int m = 0; m < MM; ++m) acc[m] = 0.f;
-    row_dot_any<K, 32, MM>(sg.w, lr, X, M, lane, acc);
+    if constexpr (kPreload<K, MM>) {
+      if (preloaded) {  // the same chunk order as row_dot: the same sums
+        const SmemX Xp[1] = {X};
+        float o[1];
+        P.dot(Xp, lane, o);
+        acc[0] = o[0];
+      }
+    }
+    if (!preloaded) row_dot_any<K, 32, MM>(sg.w, lr, X, M, lane, acc);
 #pragma unroll
     for (int m = 0; m < MM; ++m)
       if (m < M) acc[m] = warp_sum(acc[m]);
@@ -273,7 +308,14 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ 
           break;
       }
     }
+  };
+  const int64_t rstep = int64_t(gridDim.x) * kWarps;
+  int64_t r = int64_t(blockIdx.x) * kWarps + warp;
+  if (P.on[0]) {  // (never set where kPreload is false)
+    do_row(r, true);
+    r += rstep;
   }
+  for (; r < total_rows; r += rstep) do_row(r, false);
   pdl_launch_dependents();  // this block's rows are done (common.cuh: where the trigger goes)
   // Block-level argmax, then one atomic per block and row (a device-wide atomic per weight row
   // would serialise 248K updates on one address).
@@ -809,7 +851,7 @@ void launch_gemv_mm(const GemvArgs& a, int64_t total, cudaStream_t s) {
   const size_t smem = size_t(a.M) * K * 4 + size_t(a.M) * (K / 16) * 4;
   const int64_t want = (total + kWarps - 1) / kWarps;
   const int blocks = int(std::min<int64_t>(want, int64_t(num_sms()) * 4));
-  launch_pdl(gemv_kernel<K, MM>, dim3(blocks), dim3(kThreads), smem, s, a, total);
+  launch_pdl(gemv_kernel<K, MM>, dim3(blocks), dim3(kThreads), smem, s, a, total, gemv_preload() ? 1 : 0);
 }
 
 // Blocks of gemv_mma_kernel<K> resident at once (occupancy API; first called from gemv_init).

@@ -60,6 +60,11 @@ void set_gemv_version(int v);
 // (Route 1 picks its own per launch: gemv.cu, stream_blocks_per_sm.)
 int gemv_stream_blocks_per_sm();
 void set_gemv_stream_blocks_per_sm(int n);
+// Route 1's one-row GEMV (out_proj, o_proj, the router launch) loads each warp's first row, when
+// q4, into registers before its wait on the previous kernel (KESTREL_GEMV_PRELOAD, default 1; 0
+// leaves it to the L2 prefetch). Read when kernels are launched or captured.
+bool gemv_preload();
+void set_gemv_preload(bool on);
 
 // Device weight formats (the subset of kestrel::WFormat the kernels read; kept separate so .cu
 // files need no core headers).
@@ -257,8 +262,24 @@ struct MoeGateUpArgs {
   RouteAlgo algo = RouteAlgo::Warp;
   int* route_idx = nullptr;       // [topk]
   float* route_w = nullptr;       // [topk]
+  // With logits: non-null makes block 0 set sel_ready[0] = 1 (release) once route_idx / route_w
+  // are in memory, for a moe_down with SelRead::Flag on the same two words.
+  unsigned* sel_ready = nullptr;
+  // Trigger the next launch right after the routing instead of after the main loop (the
+  // moe_down_mma blocks then take each SM as a gate/up block leaves it; see moe_down_early).
+  bool trigger_early = false;
 };
 void moe_gate_up(const MoeGateUpArgs& a, cudaStream_t s);
+// When moe_down may read the routing selection (topk_idx, topk_w), relative to its wait on the
+// previous kernel. Early reads let its expert rows' loads go out before the wait (bench/NOTES.md
+// v14). Only the tensor-core kernel (moe_down_takes_mma) reads early; the launcher refuses the
+// others.
+enum class SelRead : uint8_t {
+  AfterWait,  // the previous launch may write the selection (the default)
+  Early,      // written two or more launches back (the routing kernel, the router GEMV's tail)
+  Flag,       // written by the previous launch's block 0 (moe_gate_up with sel_ready), which sets
+              // sel_ready[0]; the down blocks wait for it, the last one resets both words
+};
 // moe_down: x[r] += sum_k w_k (down_{e_k} act_k)[r] + sigmoid(*sgate) (shared_down sact)[r],
 // sact = silu(sg) * su. down: stacked [E*hidden, I]; shared_down [hidden, Is].
 struct MoeDownArgs {
@@ -272,8 +293,19 @@ struct MoeDownArgs {
   const float* sgate = nullptr;   // [1] shared_expert_gate logit
   DMat down, shared_down;
   float* x = nullptr;             // fp32 [hidden], residual stream, updated
+  SelRead sel = SelRead::AfterWait;
+  unsigned* sel_ready = nullptr;  // SelRead::Flag: 2 device words, zero before the launch and after it
 };
 void moe_down(const MoeDownArgs& a, cudaStream_t s);
+// Whether moe_down takes the tensor-core kernel for these arguments under the current switches
+// (q4, moe_mma_enabled, top-k <= 8).
+bool moe_down_takes_mma(const MoeDownArgs& a);
+// The decode step's use of the early selection read (KESTREL_MOE_DOWN_EARLY, read when the step is
+// recorded): 0 = off (SelRead::AfterWait), 1 = moe_down_mma loads its expert rows before its wait
+// (SelRead::Flag with the routing in gate/up, Early with it before), 2 = 1 and moe_gate_up
+// triggers right after its routing. The shared expert's rows go out before the wait in every mode.
+int moe_down_early();
+void set_moe_down_early(int level);
 // moe_gate_up then moe_down as one launch (same arguments; gu.act == dn.act, one weight format
 // for gate, up and down): the down blocks wait on counters[0] (a count of finished gate/up
 // blocks) instead of a kernel boundary. counters: 2 device words, zero before the first launch

@@ -50,12 +50,20 @@ int& gemv_stream_bps_flag() {
   static int f = env_choice("KESTREL_GEMV_STREAM_BPS", {1, 2}, 1);
   return f;
 }
+int& gemv_preload_flag() {
+  static int f = env_choice("KESTREL_GEMV_PRELOAD", {0, 1}, 1);
+  return f;
+}
 int& moe_fused_flag() {
   static int f = env_choice("KESTREL_MOE_FUSED", {0, 1}, 0);
   return f;
 }
 int& moe_mma_flag() {
   static int f = env_choice("KESTREL_MOE_MMA", {0, 1}, 1);
+  return f;
+}
+int& moe_down_early_flag() {
+  static int f = env_choice("KESTREL_MOE_DOWN_EARLY", {0, 1, 2}, 2);
   return f;
 }
 int& moe_route_place_flag() {
@@ -105,6 +113,8 @@ void set_gemv_version(int v) {
   gemv_flag() = v;
 }
 int gemv_stream_blocks_per_sm() { return gemv_stream_bps_flag(); }
+bool gemv_preload() { return gemv_preload_flag() != 0; }
+void set_gemv_preload(bool on) { gemv_preload_flag() = on ? 1 : 0; }
 void set_gemv_stream_blocks_per_sm(int n) {
   KESTREL_CHECK(n == 1 || n == 2, "route-5 GEMV blocks per SM {} (1 or 2)", n);
   gemv_stream_bps_flag() = n;
@@ -245,12 +255,19 @@ void check_gate_up(const MoeGateUpArgs& a) {
                 "moe_gate_up: null pointer");
   KESTREL_CHECK(int(a.algo) == 0 || int(a.algo) == 1, "moe_gate_up: routing algorithm {}", int(a.algo));
   KESTREL_CHECK(reinterpret_cast<uintptr_t>(a.h) % 16 == 0, "moe_gate_up: h not 16-byte aligned");
+  KESTREL_CHECK(a.sel_ready == nullptr || a.logits != nullptr,
+                "moe_gate_up: sel_ready is set by the routing in gate/up (logits null)");
   if (a.gate.fmt == DFmt::Q4 && moe_mma_enabled())  // moe_gate_up_mma_kernel: 8-unit tiles, 8-byte loads
     KESTREL_CHECK(a.I % 8 == 0 && a.gate.aligned8() && a.up.aligned8(),
                   "moe_gate_up (tensor cores): I {} must be a multiple of 8 and the weights 8-byte aligned", a.I);
 }
 void check_down(const MoeDownArgs& a) {
   KESTREL_CHECK(a.topk >= 1 && a.topk <= 16, "moe_down: top-k {}", a.topk);
+  KESTREL_CHECK(int(a.sel) <= 2, "moe_down: selection read {}", int(a.sel));
+  KESTREL_CHECK(a.sel == SelRead::AfterWait || moe_down_takes_mma(a),
+                "moe_down: an early selection read needs the tensor-core kernel (q4, top-k <= 8, mma on)");
+  KESTREL_CHECK((a.sel == SelRead::Flag) == (a.sel_ready != nullptr),
+                "moe_down: sel_ready goes with SelRead::Flag and only with it");
   KESTREL_CHECK(a.I == 512 && a.Is == 512, "moe_down: expert widths {}/{} (kernel is for 512)", a.I,
                 a.Is);
   KESTREL_CHECK(a.hidden % 8 == 0, "moe_down: hidden {} not a multiple of {}", a.hidden,
@@ -268,7 +285,7 @@ void check_down(const MoeDownArgs& a) {
                 "moe_down: activations not 16-byte aligned");
   KESTREL_CHECK(a.down.fmt == DFmt::Q4 || a.down.fmt == DFmt::Q8 || a.down.fmt == DFmt::BF16,
                 "moe_down: format {}", dfmt_name(a.down.fmt));
-  if (a.down.fmt == DFmt::Q4 && moe_mma_enabled() && a.topk <= 8)  // moe_down_mma_kernel: 16-row tiles
+  if (moe_down_takes_mma(a))  // moe_down_mma_kernel: 16-row tiles
     KESTREL_CHECK(a.hidden % 16 == 0 && a.down.aligned8() && a.shared_down.aligned8(),
                   "moe_down (tensor cores): hidden {} must be a multiple of 16 and the weights 8-byte aligned",
                   a.hidden);
@@ -277,6 +294,12 @@ void check_down(const MoeDownArgs& a) {
 
 bool moe_fused_enabled() { return moe_fused_flag() != 0; }
 bool moe_mma_enabled() { return moe_mma_flag() != 0; }
+bool moe_down_takes_mma(const MoeDownArgs& a) { return a.down.fmt == DFmt::Q4 && moe_mma_enabled() && a.topk <= 8; }
+int moe_down_early() { return moe_down_early_flag(); }
+void set_moe_down_early(int level) {
+  KESTREL_CHECK(level >= 0 && level <= 2, "moe_down early level {} (0, 1 or 2)", level);
+  moe_down_early_flag() = level;
+}
 void set_moe_mma_enabled(bool on) { moe_mma_flag() = on ? 1 : 0; }
 void set_moe_fused_enabled(bool on) { moe_fused_flag() = on ? 1 : 0; }
 RoutePlace moe_route_place() { return RoutePlace(moe_route_place_flag()); }
@@ -327,6 +350,8 @@ void moe_experts(const MoeExpertsArgs& a, cudaStream_t s) {
   check_gate_up(a.gu);
   check_down(a.dn);
   KESTREL_CHECK(a.counters != nullptr, "moe_experts: null counters");
+  KESTREL_CHECK(a.dn.sel == SelRead::AfterWait && a.gu.sel_ready == nullptr && !a.gu.trigger_early,
+                "moe_experts: the fused launch reads the selection after its wait");
   KESTREL_CHECK(a.gu.act == a.dn.act && a.gu.topk == a.dn.topk && a.gu.topk_idx == a.dn.topk_idx &&
                     a.gu.I == a.dn.I && a.gu.hidden == a.dn.hidden,
                 "moe_experts: the gate/up and down parts must share act, top-k, routing and widths");

@@ -39,6 +39,15 @@ __device__ __forceinline__ const int* gate_up_selection(const MoeGateUpArgs& a, 
     a.route_idx[threadIdx.x] = sidx[threadIdx.x];
     a.route_w[threadIdx.x] = sw[threadIdx.x];
   }
+  if (vb == 0 && a.sel_ready != nullptr) {  // block-uniform
+    // The selection's writers, then one release by thread 0 (cumulative over the barrier): a
+    // moe_down block that acquires the flag sees the selection (SelRead::Flag).
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(a.sel_ready), "r"(1u) : "memory");
+    }
+  }
   return sidx;
 }
 
@@ -132,6 +141,9 @@ __global__ void __launch_bounds__(256, 3) moe_gate_up_mma_kernel(const __grid_co
   pdl_wait();
   const float4 h0 = ld4(a.h + 4 * tid), h1 = ld4(a.h + 4 * (tid + 256));
   const int* topk_idx = gate_up_selection(a, int(blockIdx.x), sidx, sw);
+  // (After the wait and, in block 0, after the selection is published: common.cuh's rule for
+  // what a successor may read early holds, and moe_down's flag is set before it can launch.)
+  if (a.trigger_early) pdl_launch_dependents();
   const int per_slot = int(a.I) / kGuMmaRows;
   const int ntiles = a.topk * per_slot;
   const int G0 = warp * NG;
@@ -172,7 +184,7 @@ __global__ void __launch_bounds__(256, 3) moe_gate_up_mma_kernel(const __grid_co
       a.act[int64_t(slot) * a.I + (tile - slot * per_slot) * kGuMmaRows + tid] = silu_f(gv) * uv;
     }
   }
-  pdl_launch_dependents();  // (at the end: these blocks fill the GPU; common.cuh)
+  pdl_launch_dependents();  // (at the end unless trigger_early: these blocks fill the GPU; common.cuh)
 }
 
 // Dependencies between the two parts of the fused launch (moe_experts_kernel): the gate/up blocks
@@ -336,6 +348,9 @@ __global__ void __launch_bounds__(256, 2) moe_down_kernel(const __grid_constant_
 // (kDownMmaWarps); warp m loads its expert's 16 rows x 512 (all 8 groups at once), stages its own
 // activation row straight into its B fragments (lane l holds the 8-element blocks l and l + 32),
 // and the combine is the scalar route's (ascending experts, then the gated shared expert).
+// The shared expert's rows, and with an early selection read (a.sel, SelRead) the routed
+// experts' rows too, are loaded before the wait on the previous kernel (weights and a selection
+// written earlier than the previous launch, or flagged by its block 0; bench/NOTES.md v14).
 constexpr int kDownMmaMaxK = 8;
 constexpr int kDownMmaWarps = kDownMmaMaxK + 1;
 __global__ void __launch_bounds__(32 * kDownMmaWarps) moe_down_mma_kernel(const __grid_constant__ MoeDownArgs a) {
@@ -347,21 +362,30 @@ __global__ void __launch_bounds__(32 * kDownMmaWarps) moe_down_mma_kernel(const 
   const int t = lane & 3, g = lane >> 2;
   const int nm = a.topk + 1;
   const int64_t r0 = int64_t(blockIdx.x) * kMmaTileRows;
+  const bool shared = warp == a.topk;
+  const bool early = a.sel != SelRead::AfterWait;
+  uint2 q[2][NG];
+  uint32_t scw[2][NG / 2], biw[2][NG / 2];
+  const auto load_rows = [&] {
+    const DMat& w = shared ? a.shared_down : a.down;
+    const int64_t base = shared ? r0 : int64_t(a.topk_idx[warp]) * a.hidden + r0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) mma_load_row<KI, NG>(w, base + g + 8 * h, 0, t, q[h], scw[h], biw[h]);
+  };
+  if (a.sel == SelRead::Flag) wait_ready(a.sel_ready, 1u);  // block-uniform (it has a barrier)
+  float wk = 0.f;
+  if (early && tid < a.topk) wk = a.topk_w[tid];
+  if (shared || (early && warp < a.topk)) load_rows();  // warp-uniform
   pdl_wait();
-  float wk = 0.f, xr = 0.f, sgt = 0.f;
-  if (tid < a.topk) wk = a.topk_w[tid];
+  if (a.sel == SelRead::Flag) retire(a.sel_ready, a.sel_ready + 1, gridDim.x);
+  if (!early && tid < a.topk) wk = a.topk_w[tid];
+  if (!early && warp < a.topk) load_rows();
+  float xr = 0.f, sgt = 0.f;
   if (tid < kMmaTileRows) {
     xr = a.x[r0 + tid];
     sgt = *a.sgate;
   }
   if (warp < nm) {  // warp-uniform
-    const bool shared = warp == a.topk;
-    const DMat& w = shared ? a.shared_down : a.down;
-    const int64_t base = shared ? r0 : int64_t(a.topk_idx[warp]) * a.hidden + r0;
-    uint2 q[2][NG];
-    uint32_t scw[2][NG / 2], biw[2][NG / 2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) mma_load_row<KI, NG>(w, base + g + 8 * h, 0, t, q[h], scw[h], biw[h]);
     // This warp's activation: 8-element blocks j = lane and lane + 32 (block j: group j / 8,
     // quad position (j / 2) % 4, k-steps 4 G + 2 (j % 2) + {0, 1}; see mma_build_b).
     MmaB<KI>& b = B[warp];
@@ -472,7 +496,8 @@ void moe_gate_up_launch(const MoeGateUpArgs& a, cudaStream_t s) {
 }
 
 void moe_down_launch(const MoeDownArgs& a, cudaStream_t s) {
-  if (a.down.fmt == DFmt::Q4 && moe_mma_enabled() && a.topk <= kDownMmaMaxK) {
+  if (moe_down_takes_mma(a)) {
+    static_assert(kDownMmaMaxK == 8, "moe_down_takes_mma (launchers.cpp) admits top-k <= 8");
     launch_pdl(moe_down_mma_kernel, dim3(unsigned(a.hidden / kMmaTileRows)), dim3(32 * kDownMmaWarps),
                pinned_smem(reinterpret_cast<const void*>(moe_down_mma_kernel), 0, 1), s, a);
     return;

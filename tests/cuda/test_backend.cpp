@@ -231,6 +231,22 @@ TEST(CudaBackend, MatchesCpuBackendQ4GdnLateTrigger) {  // the GDN step's trigge
   run_e2e_with(gdn_early_trigger, set_gdn_early_trigger, true, "the GDN step's early trigger");
 }
 
+TEST(CudaBackend, MatchesCpuBackendQ4NoPreload) {  // route 1's one-row GEMV without its register preload
+  REQUIRE_GPU();
+  run_e2e_with(gemv_preload, set_gemv_preload, true, "the one-row GEMV's preload");
+}
+
+TEST(CudaBackend, MatchesCpuBackendQ4DownEarlyLevels) {  // moe_down_early 0 and 1 (2 is the default)
+  REQUIRE_GPU();
+  ASSERT_EQ(moe_down_early(), 2) << "level 2 is the default";
+  for (int level : {0, 1}) {
+    set_moe_down_early(level);
+    run_e2e(WFormat::Q4, WFormat::Q8, 2);
+  }
+  set_moe_down_early(2);
+  EXPECT_THROW(set_moe_down_early(3), std::exception);
+}
+
 TEST(CudaBackend, MatchesCpuBackendQ4MoeScalar) {  // q4 experts off the tensor cores (the former default)
   REQUIRE_GPU();
   run_e2e_with(moe_mma_enabled, set_moe_mma_enabled, true, "the tensor-core experts");

@@ -427,6 +427,9 @@ struct MoeCase {
   RoutePlace place = RoutePlace::Tail;  // where the routing runs
   RouteAlgo algo = RouteAlgo::Warp;
   bool mma = false;  // q4 experts on the tensor cores (moe_gate_up_mma_kernel, moe_down_mma_kernel)
+  // moe_down_mma's selection read: 0 after its wait, 1 before it (SelRead::Flag when gate/up
+  // routes, else Early), 2 as 1 with gate/up triggering after its routing (moe_down_early).
+  int early = 0;
 };
 
 void run_moe(const MoeCase& c, uint32_t seed) {
@@ -527,6 +530,17 @@ void run_moe(const MoeCase& c, uint32_t seed) {
   dn.down = dD->d;
   dn.shared_down = dSD->d;
   dn.x = dx->as<float>();
+  DevBuf flag(8);
+  KCUDA(cudaMemset(flag.p, 0, 8));
+  if (c.early > 0) {
+    if (c.place == RoutePlace::GateUp) {
+      dn.sel = SelRead::Flag;
+      dn.sel_ready = gu.sel_ready = flag.as<unsigned>();
+    } else {
+      dn.sel = SelRead::Early;
+    }
+    gu.trigger_early = c.early >= 2;
+  }
   if (c.fused) {
     DevBuf mc(8);
     KCUDA(cudaMemset(mc.p, 0, 8));
@@ -542,10 +556,12 @@ void run_moe(const MoeCase& c, uint32_t seed) {
     moe_gate_up(gu, nullptr);
     moe_down(dn, nullptr);
     set_moe_mma_enabled(true);  // the default
+    EXPECT_EQ(to_host<unsigned>(flag, 2), (std::vector<unsigned>{0u, 0u})) << "selection flag not reset";
   }
-  const std::string wh = fmt::format("moe E={} k={} {} router {}{} routing {} {}", c.E, c.topk, wformat_name(c.f),
-                                     wformat_name(c.fr), c.fused ? " fused" : c.mma ? " experts on tensor cores" : "",
-                                     route_place_name(c.place), route_algo_name(c.algo));
+  const std::string wh = fmt::format("moe E={} k={} {} router {}{} routing {} {} early {}", c.E, c.topk,
+                                     wformat_name(c.f), wformat_name(c.fr),
+                                     c.fused ? " fused" : c.mma ? " experts on tensor cores" : "",
+                                     route_place_name(c.place), route_algo_name(c.algo), c.early);
   std::vector<float> got = to_host<float>(*dx, size_t(H));
   std::vector<float> dgot(static_cast<size_t>(H)), dwant(static_cast<size_t>(H));
   for (int64_t i = 0; i < H; ++i) {
@@ -581,6 +597,28 @@ TEST(CudaMoe, DecodeMatchesCpu) {
     run_moe({256, 8, WFormat::Q4, WFormat::Q8, false, p, RouteAlgo::Block, true}, seed++);
     run_moe({256, 16, WFormat::Q4, WFormat::Q8, false, p, RouteAlgo::Block, true}, seed++);
     run_moe({8, 2, WFormat::Q4, WFormat::Q4, false, p, RouteAlgo::Warp, true}, seed++);
+  }
+  // The tensor-core down kernel reading the selection before its wait (from the tail, the routing
+  // kernel, or gate/up's block 0 through the flag), with and without gate/up's early trigger.
+  for (RoutePlace p : {RoutePlace::Tail, RoutePlace::Kernel, RoutePlace::GateUp})
+    for (int early : {1, 2}) {
+      run_moe({256, 8, WFormat::Q4, WFormat::Q8, false, p, RouteAlgo::Block, true, early}, seed++);
+      run_moe({8, 2, WFormat::Q4, WFormat::Q4, false, p, RouteAlgo::Warp, true, early}, seed++);
+    }
+}
+
+TEST(CudaMoe, EarlySelectionNeedsTheTensorCoreDown) {  // launcher checks; nothing runs
+  REQUIRE_GPU();
+  MoeDownArgs dn;
+  dn.topk = 16;  // the scalar kernel
+  dn.hidden = 2048;
+  dn.I = dn.Is = 512;
+  dn.sel = SelRead::Early;
+  try {
+    moe_down(dn, nullptr);
+    ADD_FAILURE() << "moe_down accepted an early selection read without the tensor-core kernel";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("early selection"), std::string::npos) << e.what();
   }
 }
 

@@ -29,6 +29,9 @@ int g_probe_stream_bps = 2;  // gemv_probe: route 5's blocks per SM
 int gemv_stream_blocks_per_sm() { return g_probe_stream_bps; }
 bool g_probe_moe_mma = false;  // moe_probe: the tensor-core gate/up for one row
 bool moe_mma_enabled() { return g_probe_moe_mma; }
+bool moe_down_takes_mma(const MoeDownArgs& a) { return a.down.fmt == DFmt::Q4 && g_probe_moe_mma && a.topk <= 8; }
+bool g_probe_gemv_preload = true;  // gemv_probe: route 1's one-row GEMV preloads its first row
+bool gemv_preload() { return g_probe_gemv_preload; }
 size_t DMat::row_bytes() const {
   return fmt == DFmt::BF16 ? size_t(cols) * 2 : fmt == DFmt::Q8 ? size_t(cols) : size_t(cols) / 2;
 }
