@@ -61,8 +61,9 @@ void set_gemv_version(int v);
 int gemv_stream_blocks_per_sm();
 void set_gemv_stream_blocks_per_sm(int n);
 // Route 1's one-row GEMV (out_proj, o_proj, the router launch) loads each warp's first row, when
-// q4, into registers before its wait on the previous kernel (KESTREL_GEMV_PRELOAD, default 1; 0
-// leaves it to the L2 prefetch). Read when kernels are launched or captured.
+// q4, into registers before its wait on the previous kernel (KESTREL_GEMV_PRELOAD=1; off by
+// default, which leaves it to the L2 prefetch, until measured: bench/NOTES.md v14). Read when
+// kernels are launched or captured.
 bool gemv_preload();
 void set_gemv_preload(bool on);
 
@@ -301,9 +302,10 @@ void moe_down(const MoeDownArgs& a, cudaStream_t s);
 // (q4, moe_mma_enabled, top-k <= 8).
 bool moe_down_takes_mma(const MoeDownArgs& a);
 // The decode step's use of the early selection read (KESTREL_MOE_DOWN_EARLY, read when the step is
-// recorded): 0 = off (SelRead::AfterWait), 1 = moe_down_mma loads its expert rows before its wait
-// (SelRead::Flag with the routing in gate/up, Early with it before), 2 = 1 and moe_gate_up
-// triggers right after its routing. The shared expert's rows go out before the wait in every mode.
+// recorded): 0 = off (SelRead::AfterWait; the default until measured, bench/NOTES.md v14),
+// 1 = moe_down_mma loads its expert rows before its wait (SelRead::Flag with the routing in
+// gate/up, Early with it before), 2 = 1 and moe_gate_up triggers right after its routing. The
+// shared expert's rows go out before the wait in every mode.
 int moe_down_early();
 void set_moe_down_early(int level);
 // moe_gate_up then moe_down as one launch (same arguments; gu.act == dn.act, one weight format

@@ -51,7 +51,7 @@ int& gemv_stream_bps_flag() {
   return f;
 }
 int& gemv_preload_flag() {
-  static int f = env_choice("KESTREL_GEMV_PRELOAD", {0, 1}, 1);
+  static int f = env_choice("KESTREL_GEMV_PRELOAD", {0, 1}, 0);
   return f;
 }
 int& moe_fused_flag() {
@@ -63,7 +63,7 @@ int& moe_mma_flag() {
   return f;
 }
 int& moe_down_early_flag() {
-  static int f = env_choice("KESTREL_MOE_DOWN_EARLY", {0, 1, 2}, 2);
+  static int f = env_choice("KESTREL_MOE_DOWN_EARLY", {0, 1, 2}, 0);
   return f;
 }
 int& moe_route_place_flag() {

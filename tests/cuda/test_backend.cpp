@@ -231,19 +231,19 @@ TEST(CudaBackend, MatchesCpuBackendQ4GdnLateTrigger) {  // the GDN step's trigge
   run_e2e_with(gdn_early_trigger, set_gdn_early_trigger, true, "the GDN step's early trigger");
 }
 
-TEST(CudaBackend, MatchesCpuBackendQ4NoPreload) {  // route 1's one-row GEMV without its register preload
+TEST(CudaBackend, MatchesCpuBackendQ4Preload) {  // route 1's one-row GEMV with its register preload
   REQUIRE_GPU();
-  run_e2e_with(gemv_preload, set_gemv_preload, true, "the one-row GEMV's preload");
+  run_e2e_with(gemv_preload, set_gemv_preload, false, "the one-row GEMV's preload");
 }
 
-TEST(CudaBackend, MatchesCpuBackendQ4DownEarlyLevels) {  // moe_down_early 0 and 1 (2 is the default)
+TEST(CudaBackend, MatchesCpuBackendQ4DownEarlyLevels) {  // moe_down_early 1 and 2 (0 is the default)
   REQUIRE_GPU();
-  ASSERT_EQ(moe_down_early(), 2) << "level 2 is the default";
-  for (int level : {0, 1}) {
+  ASSERT_EQ(moe_down_early(), 0) << "level 0 is the default";
+  for (int level : {1, 2}) {
     set_moe_down_early(level);
     run_e2e(WFormat::Q4, WFormat::Q8, 2);
   }
-  set_moe_down_early(2);
+  set_moe_down_early(0);
   EXPECT_THROW(set_moe_down_early(3), std::exception);
 }
 
@@ -303,6 +303,13 @@ TEST(CudaBackend, MatchesCpuBackendQ4RouteKernelBlock) {  // the routing kernel 
 TEST(CudaBackend, MatchesCpuBackendQ4RouteTailBlock) {  // the 256-thread routing in the router GEMV's tail
   REQUIRE_GPU();
   run_e2e_routing(RoutePlace::Tail, RouteAlgo::Block);
+}
+
+TEST(CudaBackend, MatchesCpuBackendQ4DownEarlyRouteKernel) {  // level 2 with the selection from the routing kernel
+  REQUIRE_GPU();
+  set_moe_down_early(2);
+  run_e2e_routing(RoutePlace::Kernel, RouteAlgo::Block);
+  set_moe_down_early(0);
 }
 
 TEST(CudaBackend, MatchesCpuBackendQ4RouteGateUp) {  // every moe_gate_up block routes for itself

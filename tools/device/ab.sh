@@ -4,14 +4,16 @@
 # space-separated list of VAR=value settings; variants are separated by ';' ("" = the defaults).
 # Every variant runs the q4 bench (GEMV route 1, PDL on) at BENCH_CTX (default 0,4096), twice
 # over the variant list (ABBA order against drift). Writes $OUT/ab.log and JSON under $OUT/results.
-#   VARIANTS='KESTREL_GEMV_PRELOAD=0;KESTREL_MOE_DOWN_EARLY=0;' TESTS=<gtest filter|none>
+#   VARIANTS='KESTREL_GEMV_PRELOAD=1;KESTREL_MOE_DOWN_EARLY=2;' TESTS=<gtest filter|none> SANITIZE=<filter> BIN=<dir>
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ab_out}
 mkdir -p "$OUT/results"
-[ -f build-xfer/pack.tar.xz ] && [ ! -d build-pack ] && tar -xJf build-xfer/pack.tar.xz
-export LD_LIBRARY_PATH=$PWD/build-pack/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-BIN=build-pack/bin
+if [ -z "${BIN:-}" ]; then  # (BIN=<dir with kestrel, test_cuda>: binaries already in place, as gpu_check.sh passes)
+  [ -f build-xfer/pack.tar.xz ] && [ ! -d build-pack ] && tar -xJf build-xfer/pack.tar.xz
+  export LD_LIBRARY_PATH=$PWD/build-pack/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+  BIN=build-pack/bin
+fi
 if [ "${TESTS:-none}" != none ]; then
   T0=$(date +%s)
   timeout "${TEST_TIMEOUT:-300}" $BIN/test_cuda --gtest_filter="$TESTS" > "$OUT/test_cuda.log" 2>&1
