@@ -127,7 +127,7 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
   if [ "$SANITIZE" = 1 ]; then
     T0=$(date +%s)
     timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
-      "$BIN/test_cuda" --gtest_filter='CudaGemv.FusedSegments*:CudaGemv.RejectsBadShapes:CudaGdn.Decode*:CudaBackend.MatchesCpuBackendQ4:CudaBackend.MatchesCpuBackendQ4MoeFused:CudaBackend.MatchesCpuBackendQ4RouteGateUp:CudaBackend.MatchesCpuBackendQ4MoeScalar:CudaBackend.MatchesCpuBackendQ4GemvV5:CudaBackend.MatchesCpuBackendQ4DownEarlyLevels:CudaBackend.MatchesCpuBackendQ4Preload:PrefillOps.*' \
+      "$BIN/test_cuda" --gtest_filter='CudaGemv.FusedSegments*:CudaGemv.RejectsBadShapes:CudaGdn.Decode*:CudaBackend.MatchesCpuBackendQ4:CudaBackend.MatchesCpuBackendQ4MoeFused:CudaBackend.MatchesCpuBackendQ4RouteGateUp:CudaBackend.MatchesCpuBackendQ4MoeScalar:CudaBackend.MatchesCpuBackendQ4GemvV5:CudaBackend.MatchesCpuBackendQ4DownEarlyLevels:CudaBackend.MatchesCpuBackendQ4Preload:CudaBackend.MatchesCpuBackendQ4GateUpDepth2:PrefillOps.*' \
       > "$W/sanitizer.log" 2>&1
     note "compute-sanitizer memcheck: rc=$? in $(( $(date +%s) - T0 )) s"
     grep -E "ERROR SUMMARY|========= (Invalid|Error)" "$W/sanitizer.log" | head -10 | tee -a "$SUMMARY"
@@ -147,8 +147,8 @@ if [ -n "$BIN" ] && [ "$TESTS" = 1 ]; then
     note "bench bf16: rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/bench_bf16.log" | tee -a "$SUMMARY"
     # The switches not yet on by default (bench/NOTES.md v14), q4 at ctx 0 / 4K, both orders.
     T0=$(date +%s)
-    BIN=$BIN OUT=$W VARIANTS="${AB_VARIANTS-;KESTREL_GEMV_PRELOAD=1;KESTREL_MOE_DOWN_EARLY=1;KESTREL_MOE_DOWN_EARLY=2;KESTREL_GEMV_PRELOAD=1 KESTREL_MOE_DOWN_EARLY=2}" \
-      timeout 200 bash tools/device/ab.sh > /dev/null 2>&1
+    BIN=$BIN OUT=$W VARIANTS="${AB_VARIANTS-;KESTREL_GEMV_PRELOAD=1;KESTREL_MOE_DOWN_EARLY=1;KESTREL_MOE_DOWN_EARLY=2;KESTREL_MOE_GU_DEPTH=2;KESTREL_GEMV_PRELOAD=1 KESTREL_MOE_DOWN_EARLY=2 KESTREL_MOE_GU_DEPTH=2}" \
+      timeout 300 bash tools/device/ab.sh > /dev/null 2>&1
     note "bench q4 switches (ab.sh): rc=$? in $(( $(date +%s) - T0 )) s"; cat "$W/ab.log" | tee -a "$SUMMARY"
     # The dependency-primitive micro-benchmark (kernel boundary vs in-kernel publish/wait).
     T0=$(date +%s)

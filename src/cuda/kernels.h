@@ -308,6 +308,11 @@ bool moe_down_takes_mma(const MoeDownArgs& a);
 // shared expert's rows go out before the wait in every mode.
 int moe_down_early();
 void set_moe_down_early(int level);
+// Tiles whose weight loads a block of the tensor-core gate/up keeps in flight (1 or 2,
+// KESTREL_MOE_GU_DEPTH; 1, the measured kernel, by default until 2 is measured: bench/NOTES.md v14).
+// Read when kernels are launched or captured.
+int moe_gate_up_depth();
+void set_moe_gate_up_depth(int d);
 // moe_gate_up then moe_down as one launch (same arguments; gu.act == dn.act, one weight format
 // for gate, up and down): the down blocks wait on counters[0] (a count of finished gate/up
 // blocks) instead of a kernel boundary. counters: 2 device words, zero before the first launch

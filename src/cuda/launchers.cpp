@@ -66,6 +66,10 @@ int& moe_down_early_flag() {
   static int f = env_choice("KESTREL_MOE_DOWN_EARLY", {0, 1, 2}, 0);
   return f;
 }
+int& moe_gu_depth_flag() {
+  static int f = env_choice("KESTREL_MOE_GU_DEPTH", {1, 2}, 1);
+  return f;
+}
 int& moe_route_place_flag() {
   static int f = env_choice("KESTREL_MOE_ROUTING", {0, 1, 2, 3}, 3);
   return f;
@@ -296,6 +300,11 @@ bool moe_fused_enabled() { return moe_fused_flag() != 0; }
 bool moe_mma_enabled() { return moe_mma_flag() != 0; }
 bool moe_down_takes_mma(const MoeDownArgs& a) { return a.down.fmt == DFmt::Q4 && moe_mma_enabled() && a.topk <= 8; }
 int moe_down_early() { return moe_down_early_flag(); }
+int moe_gate_up_depth() { return moe_gu_depth_flag(); }
+void set_moe_gate_up_depth(int d) {
+  KESTREL_CHECK(d == 1 || d == 2, "gate/up tiles in flight {} (1 or 2)", d);
+  moe_gu_depth_flag() = d;
+}
 void set_moe_down_early(int level) {
   KESTREL_CHECK(level >= 0 && level <= 2, "moe_down early level {} (0, 1 or 2)", level);
   moe_down_early_flag() = level;

@@ -127,7 +127,13 @@ __global__ void __launch_bounds__(256) moe_gate_up_kernel(const __grid_constant_
 // shared memory and threads 0..7 write act = silu(gate) * up. The first tile's loads go out before
 // h is staged, each later tile's before the previous tile's reduction.
 constexpr int kGuMmaRows = kMmaTileRows / 2;  // intermediate units per tile
-__global__ void __launch_bounds__(256, 3) moe_gate_up_mma_kernel(const __grid_constant__ MoeGateUpArgs a) {
+// D (moe_gate_up_depth): tiles whose loads a block keeps in flight. D = 1 issues a tile's loads
+// after the previous tile's dot, so a block with two tiles (the launch's 512 tiles over 264
+// blocks) waits on DRAM twice in a row; D = 2 issues the second tile's loads with the first's
+// (two register sets: __launch_bounds__ then holds 2 blocks per SM, which is the grid anyway).
+template <int D>
+__global__ void __launch_bounds__(256, D == 1 ? 3 : 2) moe_gate_up_mma_kernel(const __grid_constant__ MoeGateUpArgs a) {
+  static_assert(D == 1 || D == 2, "tiles in flight: 1 or 2");
   constexpr int K = 2048, NG = K / 64 / 8;
   __shared__ float4 xs4[K / 4];
   __shared__ float xsum[K / 16];
@@ -147,25 +153,23 @@ __global__ void __launch_bounds__(256, 3) moe_gate_up_mma_kernel(const __grid_co
   const int per_slot = int(a.I) / kGuMmaRows;
   const int ntiles = a.topk * per_slot;
   const int G0 = warp * NG;
-  uint2 q[2][NG];
-  uint32_t scw[2][NG / 2], biw[2][NG / 2];
-  const auto load_tile = [&](int tile) {
+  const int grid = int(gridDim.x);
+  struct Tile {  // one tile's gate (0) and up (1) rows of this lane
+    uint2 q[2][NG];
+    uint32_t scw[2][NG / 2], biw[2][NG / 2];
+  };
+  const auto load_tile = [&](int tile, Tile& T) {
     const int slot = tile / per_slot;
     const int64_t row = int64_t(topk_idx[slot]) * a.I + (tile - slot * per_slot) * kGuMmaRows + g;
-    mma_load_row<K, NG>(a.gate, row, G0, t, q[0], scw[0], biw[0]);
-    mma_load_row<K, NG>(a.up, row, G0, t, q[1], scw[1], biw[1]);
+    mma_load_row<K, NG>(a.gate, row, G0, t, T.q[0], T.scw[0], T.biw[0]);
+    mma_load_row<K, NG>(a.up, row, G0, t, T.q[1], T.scw[1], T.biw[1]);
   };
-  if (int(blockIdx.x) < ntiles) load_tile(blockIdx.x);
-  smem_store4(xs, xsum, K, 0, tid, h0);
-  smem_store4(xs, xsum, K, 0, tid + 256, h1);
-  __syncthreads();
-  mma_build_b<K>(B, xs, xsum, 256);
-  __syncthreads();
-  int buf = 0;
-  for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x, buf ^= 1) {
+  // The dot of `tile` from T, the next load into T (tile + D * grid) before the reduction, then
+  // the reduction through part[buf] and act = silu(gate) * up.
+  const auto run_tile = [&](int tile, Tile& T, int buf) {
     float acc[2] = {0.f, 0.f};
-    mma_tile_dot<K, NG>(q, scw, biw, B, G0, lane, acc);
-    if (tile + int(gridDim.x) < ntiles) load_tile(tile + gridDim.x);
+    mma_tile_dot<K, NG>(T.q, T.scw, T.biw, B, G0, lane, acc);
+    if (tile + D * grid < ntiles) load_tile(tile + D * grid, T);
 #pragma unroll
     for (int h = 0; h < 2; ++h) acc[h] = group_sum<4>(acc[h]);
     if (t == 0) {
@@ -182,6 +186,26 @@ __global__ void __launch_bounds__(256, 3) moe_gate_up_mma_kernel(const __grid_co
       }
       const int slot = tile / per_slot;
       a.act[int64_t(slot) * a.I + (tile - slot * per_slot) * kGuMmaRows + tid] = silu_f(gv) * uv;
+    }
+  };
+  Tile T0, T1;
+  const int first = int(blockIdx.x);
+  if (first < ntiles) load_tile(first, T0);
+  if (D == 2 && first + grid < ntiles) load_tile(first + grid, T1);
+  smem_store4(xs, xsum, K, 0, tid, h0);
+  smem_store4(xs, xsum, K, 0, tid + 256, h1);
+  __syncthreads();
+  mma_build_b<K>(B, xs, xsum, 256);
+  __syncthreads();
+  if constexpr (D == 1) {
+    int buf = 0;
+    for (int tile = first; tile < ntiles; tile += grid, buf ^= 1) run_tile(tile, T0, buf);
+  } else {
+    // Tiles alternate between the two register sets (named, so no dynamic register indexing).
+    for (int tile = first; tile < ntiles; tile += 2 * grid) {
+      run_tile(tile, T0, 0);
+      if (tile + grid >= ntiles) break;
+      run_tile(tile + grid, T1, 1);
     }
   }
   pdl_launch_dependents();  // (at the end unless trigger_early: these blocks fill the GPU; common.cuh)
@@ -465,27 +489,39 @@ __global__ void __launch_bounds__(256, 2) moe_experts_kernel(const __grid_consta
 
 }  // namespace
 
-// Blocks of moe_gate_up_mma_kernel resident at once (occupancy API; cached on first use; 3 per SM
-// on the H200, held there by __launch_bounds__).
-int gate_up_mma_resident() {
+// Blocks of moe_gate_up_mma_kernel<D> resident at once (occupancy API; cached on first use; 3 per
+// SM for D = 1 and 2 for D = 2 on the H200, held there by __launch_bounds__).
+template <int D>
+int gate_up_mma_resident_d() {
   static const int n = [] {
     int per_sm = 0;
-    KCUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_gate_up_mma_kernel, 256, 0));
+    KCUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_gate_up_mma_kernel<D>, 256, 0));
     return std::max(1, per_sm) * num_sms();
   }();
   return n;
 }
+int gate_up_mma_resident() { return moe_gate_up_depth() == 2 ? gate_up_mma_resident_d<2>() : gate_up_mma_resident_d<1>(); }
+
+namespace {
+template <int D>
+void launch_gate_up_mma(const MoeGateUpArgs& a, cudaStream_t s) {
+  // At most 2 blocks per SM: for the 512 tiles of top-8 x 512, 264 blocks took 6.69 us per
+  // launch in moe_probe against 7.00 for all 396 resident (whose 116 second tiles form a short
+  // second wave) and 7.59 for one block per tile (0ebcc86).
+  const int tiles = int(int64_t(a.topk) * a.I / kGuMmaRows);
+  const int grid = std::min({tiles, 2 * num_sms(), gate_up_mma_resident_d<D>()});
+  launch_pdl(moe_gate_up_mma_kernel<D>, dim3(grid), dim3(256),
+             pinned_smem(reinterpret_cast<const void*>(moe_gate_up_mma_kernel<D>), 0, 2), s, a);
+}
+}  // namespace
 
 void moe_gate_up_launch(const MoeGateUpArgs& a, cudaStream_t s) {
   const int64_t tasks = int64_t(a.topk) * a.I;
   if (a.gate.fmt == DFmt::Q4 && moe_mma_enabled()) {
-    // At most 2 blocks per SM: for the 512 tiles of top-8 x 512, 264 blocks took 6.69 us per
-    // launch in moe_probe against 7.00 for all 396 resident (whose 116 second tiles form a short
-    // second wave) and 7.59 for one block per tile (0ebcc86).
-    const int tiles = int(tasks / kGuMmaRows);
-    const int grid = std::min({tiles, 2 * num_sms(), gate_up_mma_resident()});
-    launch_pdl(moe_gate_up_mma_kernel, dim3(grid), dim3(256),
-               pinned_smem(reinterpret_cast<const void*>(moe_gate_up_mma_kernel), 0, 2), s, a);
+    if (moe_gate_up_depth() == 2)
+      launch_gate_up_mma<2>(a, s);
+    else
+      launch_gate_up_mma<1>(a, s);
     return;
   }
   switch (a.gate.fmt) {

@@ -247,6 +247,15 @@ TEST(CudaBackend, MatchesCpuBackendQ4DownEarlyLevels) {  // moe_down_early 1 and
   EXPECT_THROW(set_moe_down_early(3), std::exception);
 }
 
+TEST(CudaBackend, MatchesCpuBackendQ4GateUpDepth2) {  // two tiles in flight per tensor-core gate/up block
+  REQUIRE_GPU();
+  ASSERT_EQ(moe_gate_up_depth(), 1) << "one tile in flight is the default";
+  set_moe_gate_up_depth(2);
+  run_e2e(WFormat::Q4, WFormat::Q8, 2);
+  set_moe_gate_up_depth(1);
+  EXPECT_THROW(set_moe_gate_up_depth(3), std::exception);
+}
+
 TEST(CudaBackend, MatchesCpuBackendQ4MoeScalar) {  // q4 experts off the tensor cores (the former default)
   REQUIRE_GPU();
   run_e2e_with(moe_mma_enabled, set_moe_mma_enabled, true, "the tensor-core experts");

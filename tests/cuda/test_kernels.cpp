@@ -430,6 +430,7 @@ struct MoeCase {
   // moe_down_mma's selection read: 0 after its wait, 1 before it (SelRead::Flag when gate/up
   // routes, else Early), 2 as 1 with gate/up triggering after its routing (moe_down_early).
   int early = 0;
+  int depth = 1;  // tiles in flight per tensor-core gate/up block (moe_gate_up_depth)
 };
 
 void run_moe(const MoeCase& c, uint32_t seed) {
@@ -553,15 +554,18 @@ void run_moe(const MoeCase& c, uint32_t seed) {
     EXPECT_EQ(to_host<unsigned>(mc, 2), (std::vector<unsigned>{0u, 0u})) << "moe_experts counters not reset";
   } else {
     set_moe_mma_enabled(c.mma);  // read at the launches
+    set_moe_gate_up_depth(c.depth);
     moe_gate_up(gu, nullptr);
     moe_down(dn, nullptr);
-    set_moe_mma_enabled(true);  // the default
+    set_moe_mma_enabled(true);  // the defaults
+    set_moe_gate_up_depth(1);
     EXPECT_EQ(to_host<unsigned>(flag, 2), (std::vector<unsigned>{0u, 0u})) << "selection flag not reset";
   }
   const std::string wh = fmt::format("moe E={} k={} {} router {}{} routing {} {} early {}", c.E, c.topk,
                                      wformat_name(c.f), wformat_name(c.fr),
                                      c.fused ? " fused" : c.mma ? " experts on tensor cores" : "",
-                                     route_place_name(c.place), route_algo_name(c.algo), c.early);
+                                     route_place_name(c.place), route_algo_name(c.algo), c.early) +
+                         (c.depth != 1 ? fmt::format(" gate/up depth {}", c.depth) : std::string());
   std::vector<float> got = to_host<float>(*dx, size_t(H));
   std::vector<float> dgot(static_cast<size_t>(H)), dwant(static_cast<size_t>(H));
   for (int64_t i = 0; i < H; ++i) {
@@ -605,6 +609,12 @@ TEST(CudaMoe, DecodeMatchesCpu) {
       run_moe({256, 8, WFormat::Q4, WFormat::Q8, false, p, RouteAlgo::Block, true, early}, seed++);
       run_moe({8, 2, WFormat::Q4, WFormat::Q4, false, p, RouteAlgo::Warp, true, early}, seed++);
     }
+  // Two tiles in flight per gate/up block: top-8 (512 tiles, about 2 per block), top-16 (1,024:
+  // both register sets reloaded), top-2 of 8 (128: one tile per block, the second set unused).
+  for (int k : {8, 16, 2})
+    run_moe({k == 2 ? 8 : 256, k, WFormat::Q4, k == 2 ? WFormat::Q4 : WFormat::Q8, false, RoutePlace::GateUp,
+             RouteAlgo::Block, true, k == 8 ? 2 : 0, 2},
+            seed++);
 }
 
 TEST(CudaMoe, EarlySelectionNeedsTheTensorCoreDown) {  // launcher checks; nothing runs

@@ -134,9 +134,19 @@ int main() {
   // resident)): 132 blocks, 256 and 264 (about 2 tiles each), 396 (all resident), one per tile.
   for (int grid : {132, 256, 264, 396, 512}) {
     const std::string name = "gate_up_mma_grid" + std::to_string(grid);
-    out(name.c_str(), time_graph(s, [&](int i) { moe_gate_up_mma_kernel<<<grid, 256, 0, s>>>(args(i).gu); }));
+    out(name.c_str(), time_graph(s, [&](int i) { moe_gate_up_mma_kernel<1><<<grid, 256, 0, s>>>(args(i).gu); }));
   }
   out("gate_up_mma_resident_blocks", double(gate_up_mma_resident()));
+  // Two tiles' loads in flight per block (KESTREL_MOE_GU_DEPTH=2; bench/NOTES.md v14).
+  g_probe_gu_depth = 2;
+  out("gate_up_mma_depth2_alone", time_graph(s, [&](int i) { moe_gate_up_launch(args(i).gu, s); }));
+  out("two_launches_mma_depth2", time_graph(s, [&](int i) {
+        const MoeExpertsArgs a = args(i);
+        moe_gate_up_launch(a.gu, s);
+        moe_down_launch(a.dn, s);
+      }));
+  out("gate_up_mma_depth2_resident_blocks", double(gate_up_mma_resident()));
+  g_probe_gu_depth = 1;
   g_probe_moe_mma = false;
   out("down_alone", time_graph(s, [&](int i) { moe_down_launch(args(i).dn, s); }));
   out("two_launches", time_graph(s, [&](int i) {

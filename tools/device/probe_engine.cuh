@@ -30,6 +30,8 @@ int gemv_stream_blocks_per_sm() { return g_probe_stream_bps; }
 bool g_probe_moe_mma = false;  // moe_probe: the tensor-core gate/up for one row
 bool moe_mma_enabled() { return g_probe_moe_mma; }
 bool moe_down_takes_mma(const MoeDownArgs& a) { return a.down.fmt == DFmt::Q4 && g_probe_moe_mma && a.topk <= 8; }
+int g_probe_gu_depth = 1;  // moe_probe: tiles in flight per tensor-core gate/up block
+int moe_gate_up_depth() { return g_probe_gu_depth; }
 bool g_probe_gemv_preload = true;  // gemv_probe: route 1's one-row GEMV preloads its first row
 bool gemv_preload() { return g_probe_gemv_preload; }
 size_t DMat::row_bytes() const {
