@@ -176,17 +176,20 @@ constexpr int kPrefetchRows = 4;
 // gemv_kernel's first row of each warp in registers (M = 1, q4 rows; gemv_preload). Its K = 512
 // instantiation never preloads (16 chunks per row do not divide among 32 lanes): the 1024 only
 // gives the unused type a valid shape.
-template <int K, int MM>
-constexpr bool kPreload = MM == 1 && kFits<DFmt::Q4, K, 32>;
-template <int K, int MM>
-using PreloadRow = RowLoads<DFmt::Q4, kPreload<K, MM> ? K : 1024, 32, 1>;
+template <int K, int MM, bool PRE>
+constexpr bool kPreload = PRE && MM == 1 && kFits<DFmt::Q4, K, 32>;
+template <int K, int MM, bool PRE>
+using PreloadRow = RowLoads<DFmt::Q4, kPreload<K, MM, PRE> ? K : 1024, 32, 1>;
 
-// pre (gemv_preload, M = 1 only): the warp's first row, when it is q4, is loaded into registers
+// PRE (gemv_preload, M = 1 only): the warp's first row, when it is q4, is loaded into registers
 // before the wait on the previous kernel, so that after the staging its dot starts at once
-// (out_proj, o_proj and the router launch have one row per warp; bench/NOTES.md v14).
-template <int K, int MM>
-__global__ void __launch_bounds__(kThreads, MM == 1 ? 2 : 1) gemv_kernel(const __grid_constant__ GemvArgs a, int64_t total_rows,
-                                                        int pre) {
+// (out_proj, o_proj and the router launch have one row per warp; bench/NOTES.md v14). Its own
+// instantiation (94 registers at K 4096 against 92, 76 at K 2048 against 64), so that PRE = false
+// compiles to the kernel measured before v14. (The row is peeled off the loop: inside it, its
+// registers stayed live across every row, 163 at K 4096.)
+template <int K, int MM, bool PRE = false>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const __grid_constant__ GemvArgs a,
+                                                                    int64_t total_rows) {
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);
   float* xsum = xs + size_t(a.M) * K;
@@ -194,11 +197,11 @@ __global__ void __launch_bounds__(kThreads, MM == 1 ? 2 : 1) gemv_kernel(const _
   __shared__ unsigned long long best_s[kWarps][kMaxGemvRows];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int M = a.M;
-  PreloadRow<K, MM> P;
+  PreloadRow<K, MM, PRE> P;
   P.on[0] = false;
-  if constexpr (kPreload<K, MM>) {
+  if constexpr (kPreload<K, MM, PRE>) {
     const int64_t r = int64_t(blockIdx.x) * kWarps + warp;
-    if (pre && r < total_rows) {
+    if (r < total_rows) {
       int s = 0;
       int64_t lr = r;
       while (lr >= a.seg[s].w.rows) lr -= a.seg[s++].w.rows;
@@ -212,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, MM == 1 ? 2 : 1) gemv_kernel(const _
   // the first row's codes only: out_proj, 2,048 rows of K 4096 over 1,056 warps, then waited on
   // DRAM for its second row and every row's scales; bench/NOTES.md v13.) A preloaded row is
   // in flight already.
-  for (int i = P.on[0] ? 1 : 0; i < kPrefetchRows; ++i) {
+  for (int i = kPreload<K, MM, PRE> && P.on[0] ? 1 : 0; i < kPrefetchRows; ++i) {
     int64_t r = (int64_t(blockIdx.x) + int64_t(i) * gridDim.x) * kWarps + warp;
     if (r >= total_rows) break;
     int s = 0;
@@ -248,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, MM == 1 ? 2 : 1) gemv_kernel(const _
     float acc[MM];
 #pragma unroll
     for (int m = 0; m < MM; ++m) acc[m] = 0.f;
-    if constexpr (kPreload<K, MM>) {
+    if constexpr (kPreload<K, MM, PRE>) {
       if (preloaded) {  // the same chunk order as row_dot: the same sums
         const SmemX Xp[1] = {X};
         float o[1];
@@ -309,13 +312,14 @@ __global__ void __launch_bounds__(kThreads, MM == 1 ? 2 : 1) gemv_kernel(const _
       }
     }
   };
-  const int64_t rstep = int64_t(gridDim.x) * kWarps;
-  int64_t r = int64_t(blockIdx.x) * kWarps + warp;
-  if (P.on[0]) {  // (never set where kPreload is false)
-    do_row(r, true);
-    r += rstep;
+  int64_t r0 = int64_t(blockIdx.x) * kWarps + warp;
+  if constexpr (kPreload<K, MM, PRE>) {
+    if (P.on[0]) {
+      do_row(r0, true);
+      r0 += int64_t(gridDim.x) * kWarps;
+    }
   }
-  for (; r < total_rows; r += rstep) do_row(r, false);
+  for (int64_t r = r0; r < total_rows; r += int64_t(gridDim.x) * kWarps) do_row(r, false);
   pdl_launch_dependents();  // this block's rows are done (common.cuh: where the trigger goes)
   // Block-level argmax, then one atomic per block and row (a device-wide atomic per weight row
   // would serialise 248K updates on one address).
@@ -851,7 +855,13 @@ void launch_gemv_mm(const GemvArgs& a, int64_t total, cudaStream_t s) {
   const size_t smem = size_t(a.M) * K * 4 + size_t(a.M) * (K / 16) * 4;
   const int64_t want = (total + kWarps - 1) / kWarps;
   const int blocks = int(std::min<int64_t>(want, int64_t(num_sms()) * 4));
-  launch_pdl(gemv_kernel<K, MM>, dim3(blocks), dim3(kThreads), smem, s, a, total, gemv_preload() ? 1 : 0);
+  if constexpr (kPreload<K, MM, true>) {
+    if (gemv_preload()) {
+      launch_pdl(gemv_kernel<K, MM, true>, dim3(blocks), dim3(kThreads), smem, s, a, total);
+      return;
+    }
+  }
+  launch_pdl(gemv_kernel<K, MM>, dim3(blocks), dim3(kThreads), smem, s, a, total);
 }
 
 // Blocks of gemv_mma_kernel<K> resident at once (occupancy API; first called from gemv_init).
@@ -974,6 +984,9 @@ void set_smem_limit() {
                              int(kMaxGemvRows * K * 4 + kMaxGemvRows * (K / 16) * 4)));
   KCUDA(cudaFuncSetAttribute(gemv_kernel<K, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              int(K * 4 + (K / 16) * 4)));
+  if constexpr (kPreload<K, 1, true>)
+    KCUDA(cudaFuncSetAttribute(gemv_kernel<K, 1, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(K * 4 + (K / 16) * 4)));
 }
 
 void gemv_init() {

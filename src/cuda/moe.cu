@@ -392,13 +392,14 @@ __global__ void __launch_bounds__(32 * kDownMmaWarps) moe_down_mma_kernel(const 
   uint32_t scw[2][NG / 2], biw[2][NG / 2];
   const auto load_rows = [&] {
     const DMat& w = shared ? a.shared_down : a.down;
-    const int64_t base = shared ? r0 : int64_t(a.topk_idx[warp]) * a.hidden + r0;
+    // (Through L2, __ldcg: an early read must not hit a line an earlier kernel left in this SM's L1.)
+    const int64_t base = shared ? r0 : int64_t(__ldcg(a.topk_idx + warp)) * a.hidden + r0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) mma_load_row<KI, NG>(w, base + g + 8 * h, 0, t, q[h], scw[h], biw[h]);
   };
   if (a.sel == SelRead::Flag) wait_ready(a.sel_ready, 1u);  // block-uniform (it has a barrier)
   float wk = 0.f;
-  if (early && tid < a.topk) wk = a.topk_w[tid];
+  if (early && tid < a.topk) wk = __ldcg(a.topk_w + tid);
   if (shared || (early && warp < a.topk)) load_rows();  // warp-uniform
   pdl_wait();
   if (a.sel == SelRead::Flag) retire(a.sel_ready, a.sel_ready + 1, gridDim.x);
