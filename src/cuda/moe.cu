@@ -372,9 +372,9 @@ __global__ void __launch_bounds__(256, 2) moe_down_kernel(const __grid_constant_
 // (kDownMmaWarps); warp m loads its expert's 16 rows x 512 (all 8 groups at once), stages its own
 // activation row straight into its B fragments (lane l holds the 8-element blocks l and l + 32),
 // and the combine is the scalar route's (ascending experts, then the gated shared expert).
-// The shared expert's rows, and with an early selection read (a.sel, SelRead) the routed
-// experts' rows too, are loaded before the wait on the previous kernel (weights and a selection
-// written earlier than the previous launch, or flagged by its block 0; bench/NOTES.md v14).
+// With an early selection read (a.sel, SelRead) every warp's rows, the shared expert's and the
+// routed experts', are loaded before the wait on the previous kernel (weights, and a selection
+// written earlier than the previous launch or flagged by its block 0; bench/NOTES.md v14).
 constexpr int kDownMmaMaxK = 8;
 constexpr int kDownMmaWarps = kDownMmaMaxK + 1;
 __global__ void __launch_bounds__(32 * kDownMmaWarps) moe_down_mma_kernel(const __grid_constant__ MoeDownArgs a) {
@@ -400,11 +400,11 @@ __global__ void __launch_bounds__(32 * kDownMmaWarps) moe_down_mma_kernel(const 
   if (a.sel == SelRead::Flag) wait_ready(a.sel_ready, 1u);  // block-uniform (it has a barrier)
   float wk = 0.f;
   if (early && tid < a.topk) wk = __ldcg(a.topk_w + tid);
-  if (shared || (early && warp < a.topk)) load_rows();  // warp-uniform
+  if (early && warp < nm) load_rows();  // warp-uniform
   pdl_wait();
   if (a.sel == SelRead::Flag) retire(a.sel_ready, a.sel_ready + 1, gridDim.x);
   if (!early && tid < a.topk) wk = a.topk_w[tid];
-  if (!early && warp < a.topk) load_rows();
+  if (!early && warp < nm) load_rows();
   float xr = 0.f, sgt = 0.f;
   if (tid < kMmaTileRows) {
     xr = a.x[r0 + tid];
