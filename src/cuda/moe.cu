@@ -399,12 +399,14 @@ __global__ void __launch_bounds__(32 * kDownMmaWarps) moe_down_mma_kernel(const 
   };
   if (a.sel == SelRead::Flag) wait_ready(a.sel_ready, 1u);  // block-uniform (it has a barrier)
   float wk = 0.f;
-  if (early && tid < a.topk) wk = __ldcg(a.topk_w + tid);
-  if (early && warp < nm) load_rows();  // warp-uniform
+  const auto load_selected = [&] {  // this warp's rows and thread tid's routing weight
+    if (tid < a.topk) wk = __ldcg(a.topk_w + tid);
+    if (warp < nm) load_rows();  // warp-uniform
+  };
+  if (early) load_selected();
   pdl_wait();
   if (a.sel == SelRead::Flag) retire(a.sel_ready, a.sel_ready + 1, gridDim.x);
-  if (!early && tid < a.topk) wk = a.topk_w[tid];
-  if (!early && warp < nm) load_rows();
+  if (!early) load_selected();
   float xr = 0.f, sgt = 0.f;
   if (tid < kMmaTileRows) {
     xr = a.x[r0 + tid];
@@ -490,6 +492,7 @@ __global__ void __launch_bounds__(256, 2) moe_experts_kernel(const __grid_consta
 
 }  // namespace
 
+namespace {
 // Blocks of moe_gate_up_mma_kernel<D> resident at once (occupancy API; cached on first use; 3 per
 // SM for D = 1 and 2 for D = 2 on the H200, held there by __launch_bounds__).
 template <int D>
@@ -501,9 +504,6 @@ int gate_up_mma_resident_d() {
   }();
   return n;
 }
-int gate_up_mma_resident() { return moe_gate_up_depth() == 2 ? gate_up_mma_resident_d<2>() : gate_up_mma_resident_d<1>(); }
-
-namespace {
 template <int D>
 void launch_gate_up_mma(const MoeGateUpArgs& a, cudaStream_t s) {
   // At most 2 blocks per SM: for the 512 tiles of top-8 x 512, 264 blocks took 6.69 us per
@@ -515,6 +515,8 @@ void launch_gate_up_mma(const MoeGateUpArgs& a, cudaStream_t s) {
              pinned_smem(reinterpret_cast<const void*>(moe_gate_up_mma_kernel<D>), 0, 2), s, a);
 }
 }  // namespace
+
+int gate_up_mma_resident() { return moe_gate_up_depth() == 2 ? gate_up_mma_resident_d<2>() : gate_up_mma_resident_d<1>(); }
 
 void moe_gate_up_launch(const MoeGateUpArgs& a, cudaStream_t s) {
   const int64_t tasks = int64_t(a.topk) * a.I;
