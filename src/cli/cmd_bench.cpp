@@ -7,11 +7,12 @@
 // floor_tok_per_s at 4.0 TB/s and the fraction reached, gpu, git_sha, date.
 //   kestrel bench --synthetic q4|bf16 --prefill 512,4096,32768,131072 [--prefill-runs 3]
 //                 [--prefill-aprec split|f16|both]   (the GEMM route: split, the default, is exact)
+//                 [--prefill-gemm reg|pipe|both]     (the Split route's GEMM kernel)
 // Prompt (prefill) speed instead: each prompt of random tokens through the backend's real step
 // (Backend::step on a fresh sequence, last-token logits back on the host: the time to first
 // token), wall-clock; one untimed warm-up prompt first, then the median of --prefill-runs runs
 // for prompts up to 8192 tokens and one run for longer ones. Records: kind=prefill, weights,
-// prompt_tokens, aprec, range_redos, tok_per_s, achieved_tflops (see prefill_flops), ttft_ms, gpu,
+// prompt_tokens, aprec, gemm, range_redos, tok_per_s, achieved_tflops (see prefill_flops), ttft_ms, gpu,
 // git_sha, date.
 #include "cli/commands.h"
 #include "core/check.h"
@@ -60,6 +61,7 @@ struct BenchOpts {
   std::string prefill;       // prompt lengths: run the prefill benchmark instead of decode
   int prefill_runs = 3;      // timed runs per prompt of <= 8192 tokens (one for longer)
   std::string prefill_aprec = "split";  // GEMM route of fp32 activations: split | f16 | both
+  std::string prefill_gemm = "default";  // Split route's GEMM kernel: reg | pipe | both | default (env)
 };
 
 constexpr double kBandwidth = 4.0e12;  // measured H200 ceiling (performance.md §0.1), bytes/s
@@ -165,16 +167,28 @@ void run_prefill_bench(const BenchOpts& o, kestrel::Backend& b, const std::strin
   }
   KESTREL_CHECK(o.prefill_aprec == "f16" || o.prefill_aprec == "split" || o.prefill_aprec == "both",
                 "--prefill-aprec {} (f16, split or both)", o.prefill_aprec);
-  std::vector<cuda::PrefillAPrec> routes;
-  if (o.prefill_aprec != "split") routes.push_back(cuda::PrefillAPrec::F16);
-  if (o.prefill_aprec != "f16") routes.push_back(cuda::PrefillAPrec::Split);
+  KESTREL_CHECK(o.prefill_gemm == "default" || o.prefill_gemm == "reg" || o.prefill_gemm == "pipe" ||
+                    o.prefill_gemm == "both",
+                "--prefill-gemm {} (reg, pipe or both)", o.prefill_gemm);
+  // (route, kernel) pairs; the F16 route has one kernel (Reg).
+  using Kern = cuda::PrefillGemmKernel;
+  std::vector<Kern> kernels;
+  if (o.prefill_gemm == "default") kernels.push_back(cuda::prefill_gemm_kernel_from_env());
+  if (o.prefill_gemm == "reg" || o.prefill_gemm == "both") kernels.push_back(Kern::Reg);
+  if (o.prefill_gemm == "pipe" || o.prefill_gemm == "both") kernels.push_back(Kern::Pipe);
+  std::vector<std::pair<cuda::PrefillAPrec, Kern>> routes;
+  if (o.prefill_aprec != "split") routes.push_back({cuda::PrefillAPrec::F16, Kern::Reg});
+  if (o.prefill_aprec != "f16")
+    for (Kern k : kernels) routes.push_back({cuda::PrefillAPrec::Split, k});
   nlohmann::json records = nlohmann::json::array();
-  std::printf("%-8s %6s %9s %5s %11s %11s %10s %9s %6s\n", "weights", "aprec", "prompt", "runs", "ttft_ms",
-              "tok/s", "TFLOP/s", "of 778", "redos");
-  for (const cuda::PrefillAPrec route : routes)
+  std::printf("%-8s %6s %5s %9s %5s %11s %11s %10s %9s %6s\n", "weights", "aprec", "gemm", "prompt", "runs",
+              "ttft_ms", "tok/s", "TFLOP/s", "of 778", "redos");
+  for (const auto& [route, kern] : routes)
   for (int64_t n : prompts) {
     cuda::set_prefill_aprec(b, route);
+    cuda::set_prefill_gemm_kernel(b, kern);
     const char* aprec = route == cuda::PrefillAPrec::F16 ? "f16" : "split";
+    const char* gemm = kern == Kern::Pipe ? "pipe" : "reg";
     const int64_t redos0 = cuda::prefill_range_redos(b);
     const int runs = n <= cuda::kPrefillMaxChunk ? o.prefill_runs : 1;
     const auto p = prompt_of(n);
@@ -184,7 +198,7 @@ void run_prefill_bench(const BenchOpts& o, kestrel::Backend& b, const std::strin
     const double med = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
     const double flops = prefill_flops(c, n), tflops = flops / med / 1e12;
     const int64_t redos = cuda::prefill_range_redos(b) - redos0;
-    std::printf("%-8s %6s %9lld %5d %11.2f %11.1f %10.1f %8.1f%% %6lld\n", weights.c_str(), aprec,
+    std::printf("%-8s %6s %5s %9lld %5d %11.2f %11.1f %10.1f %8.1f%% %6lld\n", weights.c_str(), aprec, gemm,
                 (long long)n, runs, med * 1e3, double(n) / med, tflops, 100.0 * tflops / 778.0,
                 (long long)redos);
     std::fflush(stdout);
@@ -192,6 +206,7 @@ void run_prefill_bench(const BenchOpts& o, kestrel::Backend& b, const std::strin
                        {"weights", weights},
                        {"prompt_tokens", n},
                        {"aprec", aprec},
+                       {"gemm", gemm},
                        {"moe_tile_rows", std::getenv("KESTREL_PREFILL_MOE_BM") ? std::getenv("KESTREL_PREFILL_MOE_BM")
                                                                               : "default"},
                        {"range_redos", redos},
@@ -417,6 +432,9 @@ void setup_bench(CLI::App& root) {
   c->add_option("--prefill-runs", o->prefill_runs, "Timed runs per prompt of <= 8192 tokens (median)");
   c->add_option("--prefill-aprec", o->prefill_aprec,
                 "GEMM route of fp32 activations in prompts: f16, split (exact) or both (one record each)");
+  c->add_option("--prefill-gemm", o->prefill_gemm,
+                "GEMM kernel of the split route: reg, pipe or both (one record each); default from "
+                "KESTREL_PREFILL_GEMM");
   c->callback([o] { run_bench(*o); });
 }
 

@@ -42,6 +42,37 @@ constexpr int kPrefillBM = 64;  // rows per tile of the grouped GEMM (moe_route'
 enum class PrefillAPrec : uint8_t { Split, F16 };
 constexpr float kF16Max = 65504.f;
 
+// Which kernel runs a GEMM of fp32 A on the Split route (an explicit route, chosen by the caller):
+//   Reg:  prefill_gemm.cu, A converted per tile while staged through registers (every format);
+//   Pipe: prefill_pipe.cu, A split once per activation (prefill_pipe_split) and every operand
+//         copied by cp.async into a 4-stage ring; the same numbers (hi + lo, exact integer Q4
+//         weights folded in per group) up to accumulation order. Q4 and bf16 weights with
+//         K % 512 == 0 only (prefill_pipe_supports); the caller gives the split A (PrefillGemmArgs::pipe).
+enum class PrefillGemmKernel : uint8_t { Reg, Pipe };
+constexpr int kPipeBM = 128;  // rows per tile of the Pipe kernel (grouped: moe_route's bm)
+inline bool prefill_pipe_supports(DFmt f, int64_t K) {
+  return (f == DFmt::Q4 || f == DFmt::BF16) && K % 512 == 0;
+}
+// An fp32 A [rows, K] split for the Pipe kernel: bf16 planes hi = bf16(a), lo = bf16(a - hi), each
+// [rows, K] with k permuted within every 32 (see prefill_pipe.cu), and sum [rows, K / 64], the fp32
+// sum of a over each 64-group (the Q4 fold's b * sum(A)).
+struct PipeA {
+  const uint16_t* hi = nullptr;
+  const uint16_t* lo = nullptr;
+  const float* sum = nullptr;
+  int64_t rows = 0, K = 0;
+  bool valid() const { return hi != nullptr; }
+};
+struct PipeSplitArgs {
+  const float* A = nullptr;  // fp32 [rows, lda]
+  int64_t rows = 0, K = 0, lda = 0;
+  uint16_t* hi = nullptr;    // [rows, K]
+  uint16_t* lo = nullptr;    // [rows, K]
+  float* sum = nullptr;      // [rows, K / 64]
+};
+void prefill_pipe_split_launch(const PipeSplitArgs& a, cudaStream_t s);
+void prefill_pipe_init();
+
 // Row groups (grouped / MoE GEMM): group g covers rows [group_off[g], group_off[g+1]) of the
 // (sorted) row space and uses weight rows [g * N, (g+1) * N) of W (and W2); tile_off[g] is the
 // prefix of ceil(rows_g / bm) over groups (device arrays, built by moe_route for bm = kPrefillBM).
@@ -49,7 +80,8 @@ struct PrefillGemmArgs {
   int64_t M = 0;              // rows (dense), or an upper bound on sum of group rows (grouped)
   int64_t N = 0, K = 0;       // per-group output width, reduction length (K % 64 == 0)
   const float* A = nullptr;   // fp32 [*, lda] (staged as `aprec` says), or
-  const uint16_t* A16 = nullptr;  // bf16 [*, lda] (the same numbers at half the bytes)
+  const uint16_t* A16 = nullptr;  // bf16 [*, lda] (the same numbers at half the bytes), or
+  PipeA pipe;                     // the fp32 A split for the Pipe kernel (rows indexed as A's)
   int64_t lda = 0;
   PrefillAPrec aprec = PrefillAPrec::Split;  // fp32 A only
   unsigned* range_flag = nullptr;  // F16: device word, |= 1 when an A element exceeded f16_limit
@@ -76,6 +108,7 @@ void prefill_to_bf16_launch(const float* x, int64_t rows, int64_t cols, int64_t 
                             int64_t ldo, cudaStream_t s);
 void prefill_gemm_init();       // one-time kernel attributes (large shared memory)
 void prefill_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s);
+void prefill_pipe_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s);  // a.pipe given
 
 // ---------------------------------------------------------------------------------------------
 // MoE routing on the GPU. logits fp32 [T, E] (router GEMM output). Per token: fp32 softmax,
@@ -151,7 +184,19 @@ struct MoePrefillScratch {
   // Rows per tile of the grouped expert GEMMs: 0 = the route's default (Split 64, F16 128: a
   // tile's dequantised W then serves twice the rows); 64 or 128 explicitly (128 needs F16).
   int moe_bm = 0;
+  // Pipe: every GEMM of the block whose weights the Pipe kernel takes (prefill_pipe_supports; the
+  // routed experts only if both gate|up and down qualify, then with kPipeBM-row tiles) runs there,
+  // on A split into pipe[0] (h, then the shared expert's activation: [T, max(hidden, Is)]) and
+  // pipe[1] (the routed activation: [T*topk, I]); Split route only.
+  PrefillGemmKernel kernel = PrefillGemmKernel::Reg;
+  struct PipeBuf {
+    uint16_t* hi = nullptr;  // [elems]
+    uint16_t* lo = nullptr;  // [elems]
+    float* sum = nullptr;    // [elems / 64]
+    int64_t elems = 0;
+  } pipe[2];
 };
+
 // out[T, hidden] = MoE(h) (accumulate: out += MoE(h), the residual add).
 void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
                         const MoePrefillScratch& sc, float* out, bool accumulate, cudaStream_t s);
@@ -228,9 +273,12 @@ void prefill_attn_launch(const PrefillAttnArgs& a, cudaStream_t s);
 
 #ifndef __CUDACC__
 #include "core/check.h"
+#include <algorithm>
 #include <string>
 
 namespace kestrel::cuda {
+
+inline bool al16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 inline void prefill_check_mat(const DMat& w, int64_t rows, int64_t K, const char* what) {
   KESTREL_CHECK(w.valid(), "{}: weight missing", what);
@@ -249,12 +297,15 @@ inline void prefill_check_mat(const DMat& w, int64_t rows, int64_t K, const char
 inline void prefill_gemm(const PrefillGemmArgs& a, cudaStream_t s) {
   KESTREL_CHECK(a.M >= 0 && a.N >= 1 && a.K >= 64 && a.K % 64 == 0,
                 "prefill_gemm: M {} N {} K {} (K a multiple of 64 needed)", a.M, a.N, a.K);
-  KESTREL_CHECK((a.A != nullptr) != (a.A16 != nullptr), "prefill_gemm: give exactly one of A, A16");
-  KESTREL_CHECK(a.lda >= a.K && a.lda % 8 == 0 &&
-                    (reinterpret_cast<uintptr_t>(a.A ? static_cast<const void*>(a.A)
-                                                     : static_cast<const void*>(a.A16)) & 15) == 0,
-                "prefill_gemm: lda {} < K {}, lda not a multiple of 8 or A not 16-byte aligned",
-                a.lda, a.K);
+  const bool pipe = a.pipe.valid();
+  KESTREL_CHECK(int(a.A != nullptr) + int(a.A16 != nullptr) + int(pipe) == 1,
+                "prefill_gemm: give exactly one of A, A16, pipe");
+  if (!pipe)
+    KESTREL_CHECK(a.lda >= a.K && a.lda % 8 == 0 &&
+                      (reinterpret_cast<uintptr_t>(a.A ? static_cast<const void*>(a.A)
+                                                       : static_cast<const void*>(a.A16)) & 15) == 0,
+                  "prefill_gemm: lda {} < K {}, lda not a multiple of 8 or A not 16-byte aligned",
+                  a.lda, a.K);
   KESTREL_CHECK((a.C != nullptr) != (a.C16 != nullptr), "prefill_gemm: give exactly one of C, C16");
   KESTREL_CHECK(a.ldc >= a.N && (reinterpret_cast<uintptr_t>(a.C ? static_cast<void*>(a.C)
                                                                  : static_cast<void*>(a.C16)) & 3) == 0,
@@ -271,11 +322,25 @@ inline void prefill_gemm(const PrefillGemmArgs& a, cudaStream_t s) {
     KESTREL_CHECK(a.W2.fmt == a.W.fmt, "prefill_gemm: gate {} and up {} formats differ",
                   dfmt_name(a.W.fmt), dfmt_name(a.W2.fmt));
   }
+  if (pipe) {
+    KESTREL_CHECK(prefill_pipe_supports(a.W.fmt, a.K),
+                  "prefill_gemm: the Pipe kernel takes Q4 or bf16 weights with K % 512 == 0 (W {}, K {})",
+                  dfmt_name(a.W.fmt), a.K);
+    KESTREL_CHECK(a.pipe.K == a.K && a.pipe.lo && (a.W.fmt != DFmt::Q4 || a.pipe.sum) &&
+                      al16(a.pipe.hi) && al16(a.pipe.lo) && al16(a.pipe.sum),
+                  "prefill_gemm: split A of K {} for K {}, a plane or the sums missing or not 16-byte "
+                  "aligned", a.pipe.K, a.K);
+    KESTREL_CHECK(a.aprec == PrefillAPrec::Split, "prefill_gemm: the Pipe kernel is the Split route");
+    KESTREL_CHECK(a.W.aligned16() && (a.epi != GemmEpi::SiluMul || a.W2.aligned16()),
+                  "prefill_gemm: the Pipe kernel's weight copies need 16-byte aligned codes, scales, biases");
+    KESTREL_CHECK(a.groups == 0 || a.group_bm == kPipeBM,
+                  "prefill_gemm: grouped Pipe tiles are {} rows (route with bm {})", kPipeBM, a.group_bm);
+  }
   if (a.groups > 0) {
     KESTREL_CHECK(a.group_off && a.tile_off && a.max_tiles >= 0 && a.max_tiles < 65536,
                   "prefill_gemm: grouped GEMM needs group_off, tile_off and 0 <= max_tiles {} < 65536",
                   a.max_tiles);
-    KESTREL_CHECK(a.group_bm == 64 || (a.group_bm == 128 && (a.W.fmt == DFmt::BF16 ||
+    KESTREL_CHECK(pipe || a.group_bm == 64 || (a.group_bm == 128 && (a.W.fmt == DFmt::BF16 ||
                                                              (a.A && a.aprec == PrefillAPrec::F16))),
                   "prefill_gemm: grouped tiles of {} rows (64, or 128 with bf16 W or the F16 route)",
                   a.group_bm);
@@ -283,7 +348,18 @@ inline void prefill_gemm(const PrefillGemmArgs& a, cudaStream_t s) {
   else
     KESTREL_CHECK(a.M < int64_t(65535) * 128, "prefill_gemm: M {} too large", a.M);
   if (a.M == 0 || (a.groups > 0 && a.max_tiles == 0)) return;
-  prefill_gemm_launch(a, s);
+  if (pipe) prefill_pipe_gemm_launch(a, s);
+  else prefill_gemm_launch(a, s);
+}
+
+// Validated split of an fp32 A for the Pipe kernel.
+inline PipeA prefill_pipe_split(const PipeSplitArgs& a, cudaStream_t s) {
+  KESTREL_CHECK(a.rows >= 0 && a.K >= 64 && a.K % 64 == 0 && a.lda >= a.K && a.lda % 4 == 0,
+                "prefill_pipe_split: rows {} K {} lda {} (K a multiple of 64)", a.rows, a.K, a.lda);
+  KESTREL_CHECK(a.A && a.hi && a.lo && a.sum && al16(a.A) && al16(a.hi) && al16(a.lo) && al16(a.sum),
+                "prefill_pipe_split: null or not 16-byte aligned buffer");
+  if (a.rows > 0) prefill_pipe_split_launch(a, s);
+  return PipeA{a.hi, a.lo, a.sum, a.rows, a.K};
 }
 
 inline void moe_route(const MoeRouteArgs& a, cudaStream_t s) {
@@ -311,7 +387,17 @@ inline void moe_prefill(const MoePrefillWeights& w, const float* h, int64_t T,
                 "moe_prefill: T {} E {} topk {} hidden {} I {} Is {}", T, w.E, w.topk, w.hidden, w.I,
                 w.Is);
   KESTREL_CHECK(h && out, "moe_prefill: null input/output");
-  auto al16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  if (sc.kernel == PrefillGemmKernel::Pipe)
+    KESTREL_CHECK(sc.aprec == PrefillAPrec::Split && sc.pipe[0].hi && sc.pipe[1].hi &&
+                      sc.pipe[0].elems >= T * std::max(w.hidden, w.Is) &&
+                      sc.pipe[1].elems >= T * w.topk * w.I,
+                  "moe_prefill: the Pipe kernel needs the Split route and split-A buffers of {} and {} "
+                  "elements", T * std::max(w.hidden, w.Is), T * w.topk * w.I);
+  if (sc.kernel == PrefillGemmKernel::Pipe)
+    for (const DMat* m : {&w.router, &w.gate, &w.up, &w.down, &w.shared_gate, &w.shared_up, &w.shared_down,
+                          &w.shared_expert_gate})
+      KESTREL_CHECK(!m->valid() || m->aligned16(),
+                    "moe_prefill: the Pipe kernel's weight copies need 16-byte aligned codes, scales, biases");
   KESTREL_CHECK(al16(h) && al16(out) && al16(sc.act) && al16(sc.slot_out) &&
                     (!sc.sact || al16(sc.sact)) && (!sc.shared || al16(sc.shared)),
                 "moe_prefill: h, out and the scratch buffers must be 16-byte aligned");

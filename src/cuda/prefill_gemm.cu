@@ -692,24 +692,61 @@ void moe_combine_launch(const MoeCombineArgs& a, cudaStream_t s) {
   KCUDA_LAUNCH("moe_combine");
 }
 
+namespace {
+
+// Splits a [rows, K] (lda) into b for the Pipe kernel (b.elems >= rows * K, checked by moe_prefill).
+PipeA split_into(const MoePrefillScratch::PipeBuf& b, const float* a, int64_t rows, int64_t K,
+                 int64_t lda, cudaStream_t s) {
+  PipeSplitArgs sp;
+  sp.A = a;
+  sp.rows = rows;
+  sp.K = K;
+  sp.lda = lda;
+  sp.hi = b.hi;
+  sp.lo = b.lo;
+  sp.sum = b.sum;
+  prefill_pipe_split_launch(sp, s);
+  return PipeA{b.hi, b.lo, b.sum, rows, K};
+}
+
+// The block's GEMM of fp32 A (rows of lda, or the split pa when the Pipe kernel takes W).
+void block_gemm(PrefillGemmArgs g, const MoePrefillScratch& sc, const float* a, int64_t lda,
+                const PipeA* pa, cudaStream_t s) {
+  g.aprec = sc.aprec;
+  g.range_flag = sc.range_flag;
+  g.f16_limit = sc.f16_limit;
+  if (pa != nullptr && prefill_pipe_supports(g.W.fmt, g.K)) {
+    g.pipe = *pa;
+    prefill_pipe_gemm_launch(g, s);
+  } else {
+    g.A = a;
+    g.lda = lda;
+    prefill_gemm_launch(g, s);
+  }
+}
+
+}  // namespace
+
 void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
                         const MoePrefillScratch& sc, float* out, bool accumulate, cudaStream_t s) {
   const int64_t slots = T * w.topk;
+  const bool pipe = sc.kernel == PrefillGemmKernel::Pipe;
+  // Pipe: the routed experts there only if gate|up and down both qualify (they share the tiles).
+  const bool pipe_routed = pipe && prefill_pipe_supports(w.gate.fmt, w.hidden) &&
+                           prefill_pipe_supports(w.down.fmt, w.I);
+  PipeA ph;
+  if (pipe) ph = split_into(sc.pipe[0], h, T, w.hidden, w.hidden, s);
+  const PipeA* phv = pipe ? &ph : nullptr;
   // Router logits (unless the caller computed them).
   if (!sc.router_logits_given) {
     PrefillGemmArgs g;
-    g.aprec = sc.aprec;
-    g.range_flag = sc.range_flag;
-    g.f16_limit = sc.f16_limit;
     g.M = T;
     g.N = w.E;
     g.K = w.hidden;
-    g.A = h;
-    g.lda = w.hidden;
     g.W = w.router;
     g.C = sc.logits;
     g.ldc = w.E;
-    prefill_gemm_launch(g, s);
+    block_gemm(g, sc, h, w.hidden, phv, s);
   }
   MoeRouteArgs r;
   r.logits = sc.logits;
@@ -722,20 +759,18 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   r.group_off = sc.group_off;
   r.tile_off = sc.tile_off;
   r.sorted = sc.sorted;
-  const int bm = sc.moe_bm != 0 ? sc.moe_bm : sc.aprec == PrefillAPrec::F16 ? 128 : kPrefillBM;
+  const int bm = pipe_routed ? kPipeBM
+                 : sc.moe_bm != 0 ? sc.moe_bm
+                 : sc.aprec == PrefillAPrec::F16 ? 128
+                                                 : kPrefillBM;
   r.bm = bm;
   moe_route_launch(r, s);
   // Routed experts: act[p] = silu(gate_e h_t) * (up_e h_t) for sorted position p (slot t*k+r).
   const int max_tiles = moe_max_tiles(T, w.topk, w.E, bm);
   PrefillGemmArgs gu;
-  gu.aprec = sc.aprec;
-  gu.range_flag = sc.range_flag;
-  gu.f16_limit = sc.f16_limit;
   gu.M = slots;
   gu.N = w.I;
   gu.K = w.hidden;
-  gu.A = h;
-  gu.lda = w.hidden;
   gu.a_rows = sc.sorted;
   gu.a_div = w.topk;
   gu.W = w.gate;
@@ -748,17 +783,39 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   gu.tile_off = sc.tile_off;
   gu.max_tiles = max_tiles;
   gu.group_bm = bm;
-  prefill_gemm_launch(gu, s);
+  block_gemm(gu, sc, h, w.hidden, pipe_routed ? phv : nullptr, s);
+  // Shared expert gate|up and its gate logit (they read h, whose split pipe[0] holds until the
+  // shared expert's own activation replaces it below).
+  const bool has_shared = w.shared_down.valid();
+  if (has_shared) {
+    PrefillGemmArgs sg;
+    sg.M = T;
+    sg.N = w.Is;
+    sg.K = w.hidden;
+    sg.W = w.shared_gate;
+    sg.W2 = w.shared_up;
+    sg.epi = GemmEpi::SiluMul;
+    sg.C = sc.sact;
+    sg.ldc = w.Is;
+    block_gemm(sg, sc, h, w.hidden, phv, s);
+    if (w.shared_expert_gate.valid()) {
+      PrefillGemmArgs sgt;
+      sgt.M = T;
+      sgt.N = 1;
+      sgt.K = w.hidden;
+      sgt.W = w.shared_expert_gate;
+      sgt.C = sc.sgate;
+      sgt.ldc = 1;
+      block_gemm(sgt, sc, h, w.hidden, phv, s);
+    }
+  }
   // slot_out[slot] = w_slot * down_e act[p].
+  PipeA pact;
+  if (pipe_routed) pact = split_into(sc.pipe[1], sc.act, slots, w.I, w.I, s);
   PrefillGemmArgs dn;
-  dn.aprec = sc.aprec;
-  dn.range_flag = sc.range_flag;
-  dn.f16_limit = sc.f16_limit;
   dn.M = slots;
   dn.N = w.hidden;
   dn.K = w.I;
-  dn.A = sc.act;
-  dn.lda = w.I;
   dn.W = w.down;
   dn.C = sc.slot_out;
   dn.ldc = w.hidden;
@@ -769,53 +826,19 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   dn.tile_off = sc.tile_off;
   dn.max_tiles = max_tiles;
   dn.group_bm = bm;
-  prefill_gemm_launch(dn, s);
-  // Shared expert.
-  const bool has_shared = w.shared_down.valid();
+  block_gemm(dn, sc, sc.act, w.I, pipe_routed ? &pact : nullptr, s);
   if (has_shared) {
-    PrefillGemmArgs sg;
-    sg.aprec = sc.aprec;
-    sg.range_flag = sc.range_flag;
-    sg.f16_limit = sc.f16_limit;
-    sg.M = T;
-    sg.N = w.Is;
-    sg.K = w.hidden;
-    sg.A = h;
-    sg.lda = w.hidden;
-    sg.W = w.shared_gate;
-    sg.W2 = w.shared_up;
-    sg.epi = GemmEpi::SiluMul;
-    sg.C = sc.sact;
-    sg.ldc = w.Is;
-    prefill_gemm_launch(sg, s);
+    PipeA psact;
+    const bool pipe_sd = pipe && prefill_pipe_supports(w.shared_down.fmt, w.Is);
+    if (pipe_sd) psact = split_into(sc.pipe[0], sc.sact, T, w.Is, w.Is, s);
     PrefillGemmArgs sd;
-    sd.aprec = sc.aprec;
-    sd.range_flag = sc.range_flag;
-    sd.f16_limit = sc.f16_limit;
     sd.M = T;
     sd.N = w.hidden;
     sd.K = w.Is;
-    sd.A = sc.sact;
-    sd.lda = w.Is;
     sd.W = w.shared_down;
     sd.C = sc.shared;
     sd.ldc = w.hidden;
-    prefill_gemm_launch(sd, s);
-    if (w.shared_expert_gate.valid()) {
-      PrefillGemmArgs sgt;
-      sgt.aprec = sc.aprec;
-      sgt.range_flag = sc.range_flag;
-      sgt.f16_limit = sc.f16_limit;
-      sgt.M = T;
-      sgt.N = 1;
-      sgt.K = w.hidden;
-      sgt.A = h;
-      sgt.lda = w.hidden;
-      sgt.W = w.shared_expert_gate;
-      sgt.C = sc.sgate;
-      sgt.ldc = 1;
-      prefill_gemm_launch(sgt, s);
-    }
+    block_gemm(sd, sc, sc.sact, w.Is, pipe_sd ? &psact : nullptr, s);
   }
   MoeCombineArgs c;
   c.T = T;

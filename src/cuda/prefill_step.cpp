@@ -26,6 +26,8 @@ struct ScratchPlan {
   size_t moe_logits, moe_slots, moe_e1, moe_act, moe_slot_out, moe_sact, moe_shared, moe_sgate;
   // F16 route: range flag (u32 x 4) and the per-GDN-layer state snapshot
   size_t flag = 4, conv_state, rec_state, n_gdn;
+  // Pipe kernel: split A, [Tm, widest GEMM input] and the routed activation [Tm * topk, I]
+  size_t pipe_x, pipe_y;
 
   ScratchPlan(const ModelConfig& c, int64_t Tm) {
     const size_t T = size_t(Tm), H = size_t(c.hidden_size);
@@ -60,13 +62,16 @@ struct ScratchPlan {
     conv_state = C * 3;
     rec_state = Hv * size_t(c.linear_value_head_dim) * size_t(c.linear_key_head_dim);
     n_gdn = size_t(std::count(c.layer_types.begin(), c.layer_types.end(), LayerKind::LinearAttention));
+    pipe_x = T * std::max({H, VD, nh * D, size_t(c.shared_expert_intermediate_size)});
+    pipe_y = T * K * size_t(c.moe_intermediate_size);
   }
   size_t bytes() const {
     const size_t f32 = x + hn + qkv + u + z + b + a + o + qg + k + v + attn + logits + moe_logits +
-                       moe_slots /* topk_w */ + moe_slot_out + moe_shared + moe_sgate + y + moe_act + moe_sact;
+                       moe_slots /* topk_w */ + moe_slot_out + moe_shared + moe_sgate + y + moe_act + moe_sact +
+                       (pipe_x + pipe_y) / 64 /* split-A sums */;
     const size_t i32 = 2 * moe_slots /* topk_idx, sorted */ + 3 * moe_e1 /* counts, offsets */ + flag;
     const size_t snap = n_gdn * (conv_state + rec_state);
-    const size_t b16 = qbuf;
+    const size_t b16 = qbuf + 2 * (pipe_x + pipe_y) /* split-A planes */;
     return 4 * f32 + 4 * i32 + 2 * b16 + gdn_bytes + 4 * snap;
   }
 };
@@ -123,6 +128,13 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   moe_.sgate = take<float>(p.moe_sgate);
   moe_.router_logits_given = true;
   range_flag_ = take<unsigned>(4);  // 16-byte slot
+  const size_t pipe_elems[2] = {p.pipe_x, p.pipe_y};
+  for (int i = 0; i < 2; ++i) {
+    moe_.pipe[i].hi = take<uint16_t>(pipe_elems[i]);
+    moe_.pipe[i].lo = take<uint16_t>(pipe_elems[i]);
+    moe_.pipe[i].sum = take<float>(pipe_elems[i] / 64);
+    moe_.pipe[i].elems = int64_t(pipe_elems[i]);
+  }
   snap_conv_.assign(size_t(c.num_layers), nullptr);
   snap_rec_.assign(size_t(c.num_layers), nullptr);
   for (int l = 0; l < c.num_layers; ++l)
@@ -133,11 +145,19 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   KESTREL_CHECK(arena_.bytes() == p.bytes(), "prefill: scratch plan {} B but {} B allocated", p.bytes(),
                 arena_.bytes());
   set_aprec(prefill_aprec_from_env());
+  gemm_kernel_ = prefill_gemm_kernel_from_env();
   // Measurement knob: rows per expert tile (0 = the route's default; see MoePrefillScratch).
   if (const char* e = std::getenv("KESTREL_PREFILL_MOE_BM"); e != nullptr && *e != 0) {
     moe_bm_ = std::atoi(e);
     KESTREL_CHECK(moe_bm_ == 64 || moe_bm_ == 128, "KESTREL_PREFILL_MOE_BM={}: 64 or 128", e);
   }
+}
+
+PrefillGemmKernel prefill_gemm_kernel_from_env() {
+  const char* e = std::getenv("KESTREL_PREFILL_GEMM");
+  if (e == nullptr || *e == 0 || std::strcmp(e, "reg") == 0) return PrefillGemmKernel::Reg;
+  KESTREL_CHECK(std::strcmp(e, "pipe") == 0, "KESTREL_PREFILL_GEMM={}: expected reg or pipe", e);
+  return PrefillGemmKernel::Pipe;
 }
 
 PrefillAPrec prefill_aprec_from_env() {
@@ -236,6 +256,9 @@ void PrefillStep::chunk(DSeq& sq, int64_t pos0, int64_t T, bool exact, cudaStrea
   moe_.range_flag = range_flag_;
   moe_.f16_limit = f16_limit_;
   moe_.moe_bm = route == PrefillAPrec::F16 ? moe_bm_ : 0;  // Split: its default (64)
+  // The Pipe kernel is a Split-route kernel: an F16 chunk runs every GEMM on the Reg kernel.
+  kernel_ = route == PrefillAPrec::Split ? gemm_kernel_ : PrefillGemmKernel::Reg;
+  moe_.kernel = kernel_;
   PrefillEmbedArgs em;
   em.T = T;
   em.tokens = sq.d_history + pos0;
@@ -270,17 +293,33 @@ void PrefillStep::norm(const float* x, const float* w, int64_t T, float* y, uint
   prefill_rmsnorm(n, s);
 }
 
-// C[T, W.rows] (op)= A W^T with A bf16 (a16) or fp32 (a), dense rows of lda.
-void PrefillStep::gemm(const uint16_t* a16, const float* a, int64_t lda, int64_t T, const DMat& W,
+// The split of fp32 A [T, K] (lda) for the Pipe kernel into moe_.pipe[0], or none (Reg kernel).
+PipeA PrefillStep::split(const float* a, int64_t lda, int64_t T, int64_t K, cudaStream_t s) {
+  if (kernel_ != PrefillGemmKernel::Pipe) return {};
+  PipeSplitArgs sp;
+  sp.A = a;
+  sp.rows = T;
+  sp.K = K;
+  sp.lda = lda;
+  sp.hi = moe_.pipe[0].hi;
+  sp.lo = moe_.pipe[0].lo;
+  sp.sum = moe_.pipe[0].sum;
+  return prefill_pipe_split(sp, s);
+}
+
+// C[T, W.rows] (op)= A W^T with fp32 A (rows of lda), on the Pipe kernel when pa is a split of A
+// and the kernel takes W's format and width (prefill_pipe_supports), else on the Reg kernel.
+void PrefillStep::gemm(const PipeA& pa, const float* a, int64_t lda, int64_t T, const DMat& W,
                        float* c, int64_t ldc, GemmEpi epi, cudaStream_t s) {
   PrefillGemmArgs g;
   g.M = T;
   g.N = W.rows;
   g.K = W.cols;
-  g.A16 = a16;
-  g.A = a;
-  g.lda = lda;
-  if (a != nullptr) {
+  if (pa.valid() && prefill_pipe_supports(W.fmt, W.cols)) {
+    g.pipe = pa;
+  } else {
+    g.A = a;
+    g.lda = lda;
     g.aprec = route_;
     g.range_flag = range_flag_;
     g.f16_limit = f16_limit_;
@@ -296,10 +335,11 @@ void PrefillStep::gdn_layer(const DLayer& d, DSeq& sq, int l, int64_t T, cudaStr
   const ModelConfig& c = m_.cfg;
   const int64_t H = c.hidden_size, C = c.gdn_conv_dim(), VD = c.gdn_value_dim();
   const int Hv = c.linear_num_value_heads;
-  gemm(nullptr, buf_.hn, H, T, d.qkv, buf_.qkv, C, GemmEpi::Store, s);
-  gemm(nullptr, buf_.hn, H, T, d.z, buf_.z, VD, GemmEpi::Store, s);
-  gemm(nullptr, buf_.hn, H, T, d.b, buf_.b, Hv, GemmEpi::Store, s);
-  gemm(nullptr, buf_.hn, H, T, d.a, buf_.a, Hv, GemmEpi::Store, s);
+  const PipeA ph = split(buf_.hn, H, T, H, s);
+  gemm(ph, buf_.hn, H, T, d.qkv, buf_.qkv, C, GemmEpi::Store, s);
+  gemm(ph, buf_.hn, H, T, d.z, buf_.z, VD, GemmEpi::Store, s);
+  gemm(ph, buf_.hn, H, T, d.b, buf_.b, Hv, GemmEpi::Store, s);
+  gemm(ph, buf_.hn, H, T, d.a, buf_.a, Hv, GemmEpi::Store, s);
   PrefillConvArgs cv;
   cv.T = T;
   cv.C = C;
@@ -335,7 +375,7 @@ void PrefillStep::gdn_layer(const DLayer& d, DSeq& sq, int l, int64_t T, cudaStr
   gn.eps = c.rms_norm_eps;
   gn.y = buf_.y;
   prefill_gated_norm(gn, s);
-  gemm(nullptr, buf_.y, VD, T, d.out, buf_.x, H, GemmEpi::Residual, s);
+  gemm(split(buf_.y, VD, T, VD, s), buf_.y, VD, T, d.out, buf_.x, H, GemmEpi::Residual, s);
 }
 
 void PrefillStep::attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int64_t T,
@@ -344,9 +384,10 @@ void PrefillStep::attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int
   const int64_t H = c.hidden_size, D = c.head_dim;
   const int64_t QG = int64_t(c.num_attention_heads) * 2 * D, KV = int64_t(c.num_kv_heads) * D,
                 AO = int64_t(c.num_attention_heads) * D;
-  gemm(nullptr, buf_.hn, H, T, d.q, buf_.qg, QG, GemmEpi::Store, s);
-  gemm(nullptr, buf_.hn, H, T, d.k, buf_.k, KV, GemmEpi::Store, s);
-  gemm(nullptr, buf_.hn, H, T, d.v, buf_.v, KV, GemmEpi::Store, s);
+  const PipeA ph = split(buf_.hn, H, T, H, s);
+  gemm(ph, buf_.hn, H, T, d.q, buf_.qg, QG, GemmEpi::Store, s);
+  gemm(ph, buf_.hn, H, T, d.k, buf_.k, KV, GemmEpi::Store, s);
+  gemm(ph, buf_.hn, H, T, d.v, buf_.v, KV, GemmEpi::Store, s);
   PrefillAttnArgs a;
   a.T = T;
   a.pos0 = pos0;
@@ -369,7 +410,7 @@ void PrefillStep::attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int
   a.rotary_dim = c.rotary_dim;
   // A chunk being redone (route_ Split) is redone exactly, whatever the knob says.
   prefill_attn(a, s);
-  gemm(nullptr, buf_.attn, AO, T, d.o, buf_.x, H, GemmEpi::Residual, s);
+  gemm(split(buf_.attn, AO, T, AO, s), buf_.attn, AO, T, d.o, buf_.x, H, GemmEpi::Residual, s);
 }
 
 void PrefillStep::moe_layer(const DLayer& d, int64_t T, cudaStream_t s) {
@@ -429,9 +470,11 @@ void PrefillStep::all_logits(int64_t T, float* host, cudaStream_t s) {
   const int64_t H = c.hidden_size, V = c.vocab_size;
   norm(buf_.x, m_.final_norm, T, buf_.hn, nullptr, s);
   route_ = PrefillAPrec::Split;  // after the chunk's range check: the exact route
+  kernel_ = gemm_kernel_;
   for (int64_t r0 = 0; r0 < T; r0 += kLogitRows) {
     const int64_t rows = std::min(kLogitRows, T - r0);
-    gemm(nullptr, buf_.hn + r0 * H, H, rows, m_.lm_head, buf_.logits, V, GemmEpi::Store, s);
+    gemm(split(buf_.hn + r0 * H, H, rows, H, s), buf_.hn + r0 * H, H, rows, m_.lm_head, buf_.logits,
+         V, GemmEpi::Store, s);
     KCUDA(cudaMemcpyAsync(host + r0 * V, buf_.logits, size_t(rows * V) * 4, cudaMemcpyDeviceToHost, s));
   }
 }

@@ -16,7 +16,7 @@
 // Scratch is allocated once, at construction, for max_chunk tokens; nothing is allocated per
 // step. Inside a chunk nothing synchronises the host; the logits copies at the end do.
 // GEMM route (PrefillAPrec, prefill.h): Split (default: bf16 hi + lo, the fp32 oracle's numbers to
-// accumulation order) or F16 (opt-in: one fp16 plane per fp32 activation, +22 % at 4K, and it
+// accumulation order; its GEMMs on the Reg or the Pipe kernel, PrefillGemmKernel) or F16 (opt-in: one fp16 plane per fp32 activation, +22 % at 4K, and it
 // misses the end-to-end bound on random real-width models: bench/PREFILL_NOTES.md v4). On the F16
 // route every chunk first snapshots the sequence's conv windows and GDN states and ends with one
 // host read of the range flag; if an activation exceeded the fp16 range, the chunk is redone on
@@ -56,6 +56,9 @@ class PrefillStep {
   // The GEMM route and, for tests of the redo, the fp16 clamp bound (<= kF16Max).
   void set_aprec(PrefillAPrec p, float f16_limit = kF16Max);
   PrefillAPrec aprec() const { return aprec_; }
+  // The kernel of the Split route's GEMMs (PrefillGemmKernel; KESTREL_PREFILL_GEMM=reg|pipe).
+  void set_gemm_kernel(PrefillGemmKernel k) { gemm_kernel_ = k; }
+  PrefillGemmKernel gemm_kernel() const { return gemm_kernel_; }
   // Chunks redone on the Split route because of the fp16 range (since construction).
   int64_t range_redos() const { return range_redos_; }
 
@@ -93,7 +96,8 @@ class PrefillStep {
   void attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int64_t T, cudaStream_t s);
   void moe_layer(const DLayer& d, int64_t T, cudaStream_t s);
   void norm(const float* x, const float* w, int64_t T, float* y, uint16_t* y16, cudaStream_t s);
-  void gemm(const uint16_t* a16, const float* a, int64_t lda, int64_t T, const DMat& W, float* c,
+  PipeA split(const float* a, int64_t lda, int64_t T, int64_t K, cudaStream_t s);
+  void gemm(const PipeA& pa, const float* a, int64_t lda, int64_t T, const DMat& W, float* c,
             int64_t ldc, GemmEpi epi, cudaStream_t s);
   void last_logits(int64_t T, float* host, cudaStream_t s);
   void all_logits(int64_t T, float* host, cudaStream_t s);
@@ -118,6 +122,8 @@ class PrefillStep {
   std::vector<float*> snap_conv_, snap_rec_;  // per GDN layer (F16 route's redo)
   int64_t range_redos_ = 0;
   int moe_bm_ = 0;  // KESTREL_PREFILL_MOE_BM (F16 route; 0 = default)
+  PrefillGemmKernel gemm_kernel_ = PrefillGemmKernel::Reg;
+  PrefillGemmKernel kernel_ = PrefillGemmKernel::Reg;  // of the chunk being enqueued
 };
 
 // Test / tuning hooks of a CUDA backend (defined in cuda_backend.cpp): the prompt chunk size
@@ -133,5 +139,9 @@ void set_prefill_aprec(Backend& b, PrefillAPrec p, float f16_limit = kF16Max);
 int64_t prefill_range_redos(const Backend& b);
 // KESTREL_PREFILL_APREC: "split" (default) or "f16"; anything else is an error.
 PrefillAPrec prefill_aprec_from_env();
+// The backend's prompt driver's Split-route GEMM kernel (kept across driver rebuilds).
+void set_prefill_gemm_kernel(Backend& b, PrefillGemmKernel k);
+// KESTREL_PREFILL_GEMM: "reg" (default) or "pipe"; anything else is an error.
+PrefillGemmKernel prefill_gemm_kernel_from_env();
 
 }  // namespace kestrel::cuda

@@ -247,6 +247,24 @@ TEST(PrefillE2E, SplitRouteAndF16RangeRedo) {
   EXPECT_THROW(set_prefill_aprec(*gpu_b, PrefillAPrec::F16, 1e6f), Error);
 }
 
+// The Pipe GEMM kernel (prefill_pipe.cu) on the Split route: every projection it takes (Q4 and
+// bf16 with K % 512 == 0; the Q8 router stays on Reg) through the whole prompt driver, then decode.
+TEST(PrefillE2E, PipeKernelQ4AndBf16) {
+  REQUIRE_GPU();
+  const ModelConfig c = small_real_width_config();
+  for (WFormat f : {WFormat::Q4, WFormat::BF16}) {
+    const uint32_t seed = f == WFormat::Q4 ? 14 : 15;
+    const WFormat rf = f == WFormat::Q4 ? WFormat::Q8 : WFormat::BF16;
+    cpu::CpuBackend cpu_b(random_weights(c, f, rf, seed), 0);
+    auto gpu_b = make_cuda_backend(random_weights(c, f, rf, seed), BackendOptions{});
+    set_prefill_aprec(*gpu_b, PrefillAPrec::Split);
+    set_prefill_gemm_kernel(*gpu_b, PrefillGemmKernel::Pipe);
+    const std::string what = fmt::format("random {}, pipe kernel", wformat_name(f));
+    check_prompts(cpu_b, *gpu_b, what, seed + 100);
+    check_prefill_then_decode(cpu_b, *gpu_b, what, seed + 200);
+  }
+}
+
 // The committed real-width fixture (4 layers, 16 experts top-8), weights regenerated with
 // core/synth as test_backend.cpp does, bf16 and 4-bit (quantised at load on both backends).
 TEST(PrefillE2E, RealWidthFixture) {

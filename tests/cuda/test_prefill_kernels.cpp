@@ -33,8 +33,28 @@ std::unique_ptr<DevBuf> poisoned16(size_t n) {
 // ---------------------------------------------------------------------------------------------
 // Dense fused-dequant GEMM.
 // bf16io: A converted on the GPU to bf16 (prefill_to_bf16) and given as A16; output in bf16 (C16).
+// kern = Pipe: A split on the GPU (prefill_pipe_split) and given as PrefillGemmArgs::pipe.
+struct PipeBufs {
+  std::unique_ptr<DevBuf> hi, lo, sum;
+  PipeBufs(int64_t rows, int64_t K)
+      : hi(poisoned16(size_t(rows * K))), lo(poisoned16(size_t(rows * K))),
+        sum(poisoned(size_t(rows * K / 64))) {}
+  PipeA split(const float* A, int64_t rows, int64_t K, int64_t lda) const {
+    PipeSplitArgs a;
+    a.A = A;
+    a.rows = rows;
+    a.K = K;
+    a.lda = lda;
+    a.hi = hi->as<uint16_t>();
+    a.lo = lo->as<uint16_t>();
+    a.sum = sum->as<float>();
+    return prefill_pipe_split(a, nullptr);
+  }
+};
+
 void run_gemm(WFormat f, int64_t M, int64_t N, int64_t K, GemmEpi epi, uint32_t seed,
-              bool bf16io = false, PrefillAPrec aprec = PrefillAPrec::Split) {
+              bool bf16io = false, PrefillAPrec aprec = PrefillAPrec::Split,
+              PrefillGemmKernel kern = PrefillGemmKernel::Reg) {
   std::mt19937 g(seed);
   auto W = make_mat(f, N, K, g);
   auto W2 = make_mat(f, N, K, g);
@@ -59,10 +79,15 @@ void run_gemm(WFormat f, int64_t M, int64_t N, int64_t K, GemmEpi epi, uint32_t 
   a.M = M;
   a.N = N;
   a.K = K;
+  const bool pipe = kern == PrefillGemmKernel::Pipe;
+  const PipeBufs pb(pipe ? M : 0, K);
   if (bf16io) {
     prefill_to_bf16(dx->as<float>(), M, K, K, dx16->as<uint16_t>(), K, nullptr);
     a.A16 = dx16->as<uint16_t>();
     a.C16 = dy16->as<uint16_t>();
+  } else if (pipe) {
+    a.pipe = pb.split(dx->as<float>(), M, K, K);
+    a.C = dy->as<float>();
   } else {
     a.A = dx->as<float>();
     a.C = dy->as<float>();
@@ -85,7 +110,7 @@ void run_gemm(WFormat f, int64_t M, int64_t N, int64_t K, GemmEpi epi, uint32_t 
   }
   const bool f16 = aprec == PrefillAPrec::F16 && !bf16io;
   const std::string what = fmt::format("prefill_gemm {} M={} N={} K={} epi={}{}", wformat_name(f), M,
-                                       N, K, int(epi), bf16io ? " bf16 in/out" : f16 ? " f16" : " split");
+                                       N, K, int(epi), bf16io ? " bf16 in/out" : f16 ? " f16" : pipe ? " pipe" : " split");
   EXPECT_LT(rel_err(got, want, what.c_str()), bf16io ? 1e-2 : f16 ? 1e-3 : 1e-4) << what;
   EXPECT_EQ(to_host<unsigned>(flag, 1)[0], 0u) << what << ": range flag set for |A| <= 2";
 }
@@ -335,7 +360,8 @@ struct MoeSet {
 
 // one_direction: all tokens pick experts 0..7 (every other expert receives zero tokens).
 void run_moe(const MoeSet& ms, int64_t T, bool one_direction, uint32_t seed,
-             PrefillAPrec aprec = PrefillAPrec::Split, int moe_bm = 0) {
+             PrefillAPrec aprec = PrefillAPrec::Split, int moe_bm = 0,
+             PrefillGemmKernel kern = PrefillGemmKernel::Reg) {
   std::mt19937 g(seed);
   ModelConfig cfg;
   cfg.hidden_size = 2048;
@@ -411,6 +437,13 @@ void run_moe(const MoeSet& ms, int64_t T, bool one_direction, uint32_t seed,
   sc.aprec = aprec;
   sc.range_flag = flag.as<unsigned>();
   sc.moe_bm = moe_bm;
+  const bool pipe = kern == PrefillGemmKernel::Pipe;
+  const PipeBufs p0(pipe ? T : 0, std::max(H, Is)), p1(pipe ? S : 0, I);
+  if (pipe) {
+    sc.kernel = kern;
+    sc.pipe[0] = {p0.hi->as<uint16_t>(), p0.lo->as<uint16_t>(), p0.sum->as<float>(), T * std::max(H, Is)};
+    sc.pipe[1] = {p1.hi->as<uint16_t>(), p1.lo->as<uint16_t>(), p1.sum->as<float>(), S * I};
+  }
   auto dh = to_dev(h);
   // accumulate = true onto a random residual: out = x + MoE(h).
   auto resid = randv(want.size(), g);
@@ -421,7 +454,7 @@ void run_moe(const MoeSet& ms, int64_t T, bool one_direction, uint32_t seed,
   const bool f16 = aprec == PrefillAPrec::F16;
   const std::string what = fmt::format("moe_prefill {} E={} T={}{} {} tile {}", wformat_name(ms.f), ms.E,
                                        T, one_direction ? " (all tokens on experts 0..7)" : "",
-                                       f16 ? "f16" : "split", moe_bm);
+                                       f16 ? "f16" : pipe ? "pipe" : "split", moe_bm);
   EXPECT_LT(rel_err(got, want, what.c_str()), f16 ? 2e-3 : 1e-4) << what;
   EXPECT_EQ(to_host<unsigned>(flag, 1)[0], 0u) << what << ": range flag set";
   if (one_direction) {
@@ -463,6 +496,136 @@ TEST(PrefillMoe, BlockMatchesCpuBf16AndQ8) {
     const MoeSet ms(WFormat::Q8, 32, g);
     run_moe(ms, 64, false, seed++, r);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Pipe kernel (prefill_pipe.cu): the split itself, then every GEMM shape and epilogue the
+// prompt driver gives it, and the MoE block with the kernel on, against the same oracle and bound
+// as the Reg kernel's Split route.
+TEST(PrefillPipe, SplitPlanesAndGroupSums) {
+  REQUIRE_GPU();
+  std::mt19937 g(600);
+  for (int64_t rows : {1, 3, 65}) {
+    const int64_t K = 512, lda = 520;  // padded rows: lda > K
+    auto x = randv(size_t(rows * lda), g, -3.f, 3.f);
+    x[5] = 1e30f;  // beyond bf16's precision range: lo carries the rest
+    x[6] = -1.2345e-20f;
+    auto dx = to_dev(x);
+    const PipeBufs pb(rows, K);
+    pb.split(dx->as<float>(), rows, K, lda);
+    const auto hi = to_host<uint16_t>(*pb.hi, size_t(rows * K));
+    const auto lo = to_host<uint16_t>(*pb.lo, size_t(rows * K));
+    const auto sum = to_host<float>(*pb.sum, size_t(rows * K / 64));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t pos = 0; pos < K; ++pos) {
+        const int64_t c = pos / 32, o = pos % 32, s = o / 16, kp = o % 16;
+        const int64_t src = 32 * c + 8 * ((kp & 7) >> 1) + 2 * s + (kp >= 8) + 4 * (kp & 1);
+        const float a = x[size_t(r * lda + src)];
+        const float got = bf16_to_f32(hi[size_t(r * K + pos)]) + bf16_to_f32(lo[size_t(r * K + pos)]);
+        ASSERT_LE(std::fabs(got - a), std::fabs(a) * 0x1p-16f) << "row " << r << " pos " << pos;
+      }
+      for (int64_t q = 0; q < K / 64; ++q) {
+        double want = 0, mag = 0;
+        for (int64_t k = 0; k < 64; ++k) {
+          want += x[size_t(r * lda + 64 * q + k)];
+          mag += std::fabs(x[size_t(r * lda + 64 * q + k)]);
+        }
+        EXPECT_LE(std::fabs(sum[size_t(r * K / 64 + q)] - want), 1e-6 * mag) << "row " << r << " group " << q;
+      }
+    }
+  }
+}
+
+TEST(PrefillPipe, DenseMatchesCpu) {
+  REQUIRE_GPU();
+  constexpr auto P = PrefillGemmKernel::Pipe;
+  constexpr auto S = PrefillAPrec::Split;
+  uint32_t seed = 610;
+  for (WFormat f : {WFormat::BF16, WFormat::Q4})
+    for (int64_t M : {1, 7, 63, 64, 65, 127, 128, 129, 1000})
+      run_gemm(f, M, 200, 512, GemmEpi::Store, seed++, false, S, P);
+  // The real widths: K 2048 (hidden) and 4096 (out_proj / o_proj), N off the 128-column tile,
+  // N = 1 (shared_expert_gate), a full 4096-token chunk.
+  run_gemm(WFormat::Q4, 4096, 264, 2048, GemmEpi::Store, seed++, false, S, P);
+  run_gemm(WFormat::Q4, 4096, 4096, 2048, GemmEpi::Store, seed++, false, S, P);
+  run_gemm(WFormat::Q4, 1000, 2048, 4096, GemmEpi::Store, seed++, false, S, P);
+  run_gemm(WFormat::BF16, 4096, 130, 4096, GemmEpi::Store, seed++, false, S, P);
+  run_gemm(WFormat::BF16, 2048, 4096, 2048, GemmEpi::Store, seed++, false, S, P);
+  run_gemm(WFormat::Q4, 65, 1, 2048, GemmEpi::Store, seed++, false, S, P);
+  run_gemm(WFormat::BF16, 65, 1, 2048, GemmEpi::Store, seed++, false, S, P);
+}
+
+TEST(PrefillPipe, ResidualAndSiluMulEpilogues) {
+  REQUIRE_GPU();
+  constexpr auto P = PrefillGemmKernel::Pipe;
+  constexpr auto S = PrefillAPrec::Split;
+  uint32_t seed = 650;
+  for (WFormat f : {WFormat::BF16, WFormat::Q4}) {
+    run_gemm(f, 65, 2048, 512, GemmEpi::Residual, seed++, false, S, P);
+    run_gemm(f, 1000, 2048, 4096, GemmEpi::Residual, seed++, false, S, P);
+    run_gemm(f, 1000, 512, 2048, GemmEpi::SiluMul, seed++, false, S, P);
+    run_gemm(f, 4096, 512, 2048, GemmEpi::SiluMul, seed++, false, S, P);
+    run_gemm(f, 7, 100, 2048, GemmEpi::SiluMul, seed++, false, S, P);
+  }
+}
+
+TEST(PrefillPipe, RejectsWhatItDoesNotTake) {
+  REQUIRE_GPU();
+  std::mt19937 g(5);
+  DevBuf x(64 * 1024 * 4), y(64 * 64 * 4);
+  const PipeBufs pb(64, 1024);
+  const PipeA pa = pb.split(x.as<float>(), 64, 512, 512);
+  auto args = [&](const DevMat& w, int64_t K) {
+    PrefillGemmArgs a;
+    a.M = 64;
+    a.N = 64;
+    a.K = K;
+    a.pipe = pa;
+    a.W = w.d;
+    a.C = y.as<float>();
+    a.ldc = 64;
+    return a;
+  };
+  auto q8 = make_mat(WFormat::Q8, 64, 512, g);
+  auto dq8 = to_dev(q8->m);
+  EXPECT_THROW(prefill_gemm(args(*dq8, 512), nullptr), Error);  // Q8: Reg only
+  auto q4 = make_mat(WFormat::Q4, 64, 576, g);
+  auto dq4 = to_dev(q4->m);
+  EXPECT_THROW(prefill_gemm(args(*dq4, 576), nullptr), Error);  // K % 512 != 0
+  auto q4b = make_mat(WFormat::Q4, 64, 1024, g);
+  auto dq4b = to_dev(q4b->m);
+  EXPECT_THROW(prefill_gemm(args(*dq4b, 1024), nullptr), Error);  // A split for K 512
+  auto a = args(*dq4b, 1024);
+  a.pipe = pb.split(x.as<float>(), 64, 1024, 1024);
+  EXPECT_NO_THROW(prefill_gemm(a, nullptr));
+  a.A = x.as<float>();  // two A given
+  a.lda = 1024;
+  EXPECT_THROW(prefill_gemm(a, nullptr), Error);
+  a.A = nullptr;
+  a.aprec = PrefillAPrec::F16;  // the Pipe kernel is the Split route
+  EXPECT_THROW(prefill_gemm(a, nullptr), Error);
+  KCUDA(cudaDeviceSynchronize());
+}
+
+TEST(PrefillPipe, MoeBlockMatchesCpu) {
+  REQUIRE_GPU();
+  constexpr auto P = PrefillGemmKernel::Pipe;
+  constexpr auto S = PrefillAPrec::Split;
+  std::mt19937 g(700);
+  uint32_t seed = 701;
+  {
+    const MoeSet ms(WFormat::Q4, 256, g);
+    for (int64_t T : {1, 7, 65, 1000}) run_moe(ms, T, false, seed++, S, 0, P);
+    run_moe(ms, 300, true, seed++, S, 0, P);
+  }
+  {
+    const MoeSet ms(WFormat::BF16, 32, g);
+    run_moe(ms, 63, false, seed++, S, 0, P);
+    run_moe(ms, 200, true, seed++, S, 0, P);
+  }
+  // Q8 experts: the Pipe kernel does not take them; the block runs them on Reg (and is exact).
+  const MoeSet ms(WFormat::Q8, 32, g);
+  run_moe(ms, 64, false, seed++, S, 0, P);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 # kind=prefill). Called by tools/gpu_check.sh when present (KESTREL_BIN, RESULTS set there), or by
 # hand from the repo root:
 #   bash tools/device/prefill_bench.sh            # KESTREL_BIN defaults to build-gpu/kestrel
-# The q4 short prompts on both GEMM routes (split, f16), the rest on split (the default) unless APREC is set. Order: the short prompts of both formats first, then 32K, then 128K, one process each (the
+# The q4 short prompts on both GEMM routes (split, f16), the rest on split (the default) unless APREC is set;
+# the split route on both of its GEMM kernels (reg, pipe) unless GEMM is set. Order: the short prompts of both formats first, then 32K, then 128K, one process each (the
 # synthetic model is rebuilt per process, a few seconds), so that an outer time limit cuts the
 # longest runs and keeps the records already written.
 set -uo pipefail
@@ -16,12 +17,13 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu -
 rc=0
 run() {  # weights prompts timeout_s
   local t0=$(date +%s)
-  timeout "$3" "$BIN" bench --synthetic "$1" --prefill "$2" --prefill-runs 3 --prefill-aprec "${APREC:-both}" --out "$RES" || {
+  timeout "$3" "$BIN" bench --synthetic "$1" --prefill "$2" --prefill-runs 3 --prefill-aprec "${APREC:-both}" \
+    --prefill-gemm "${GEMM:-both}" --out "$RES" || {
     echo "prefill_bench: $1 $2 failed or timed out (rc $?)"; rc=1; }
   echo "prefill_bench: $1 $2 took $(( $(date +%s) - t0 )) s"
 }
 run q4 512,4096 60                                  # both routes (APREC default: both)
-APREC=f16 KESTREL_PREFILL_MOE_BM=64 run q4 4096 60  # the F16 route with 64-row expert tiles
+APREC=f16 GEMM=reg KESTREL_PREFILL_MOE_BM=64 run q4 4096 60  # the F16 route with 64-row expert tiles
 APREC=${APREC:-split} run bf16 512,4096 60
 APREC=${APREC:-split} run q4 32768 60
 APREC=${APREC:-split} run bf16 32768 60

@@ -1,0 +1,428 @@
+// Pipelined prefill GEMM (the Pipe kernel of PrefillGemmKernel; prefill.h): the Split route's
+// numbers (fp32 A as bf16 hi + lo, Q4 weights as exact integers folded in per affine group) with
+// every operand staged by cp.async into a 4-stage shared-memory ring, so the loads of three
+// k-tiles are in flight while the tensor cores work on the fourth, and with A split once per
+// activation (prefill_pipe_split) instead of once per column block.
+//
+// Why (bench/PREFILL_NOTES.md, v4): the register-staged kernel of prefill_gemm.cu is bound by its
+// staging (global -> registers -> convert -> shared, one tile ahead), not by its MMAs; it also
+// converts each A tile once per column block (64 times for an 8192-wide projection).
+//
+// Layout. A is split by prefill_pipe_split into two bf16 planes [rows, K] whose k order is
+// permuted within each 32 (below) plus the fp32 sums of A over each 64-group. W is copied raw:
+// Q4 codes (16 bytes = 32 k of one row) or bf16. A Q4 row's 16 bytes give each thread of a quad
+// one 32-bit word of 8 codes (ldmatrix), k = 8t .. 8t+7 for thread t; the word becomes four
+// bf16x2 registers R_j = (code j, code j+4) by mask, or and one bf16x2 subtract (128 + q - 128,
+// exact), and R_{2s}, R_{2s+1} are the B fragment (b0, b1) of the k16-slice s of those 32 k. The
+// MMA pairs B position k' of slice s with A position k', so A is stored with
+//   A_perm[32c + 16s + k'] = A[32c + 8t + 2s + (k' >= 8) + 4e],  t = (k' & 7) >> 1, e = k' & 1,
+// and a bf16 W row is read as 16 bytes per thread and permuted the same way with two byte
+// permutes per register pair. The reduction over k does not care about its order.
+//
+// Tiles: 128 x 128 x 64, 8 warps as 4 (rows) x 2 (columns), warp tile 32 x 64 (A fragments
+// reused over 8 column tiles: the split A is twice the bytes of W's bf16). Q4 keeps the k-tile's
+// integer products apart and folds them in as acc += s P + b sum(A) (as prefill_gemm.cu); the
+// scales, biases and A sums come in chunks of 8 k-tiles (16 / 32 bytes per row), so K % 512 == 0.
+#include "cuda/common.cuh"
+#include "cuda/prefill.h"
+#include "cuda/prefill_mma.h"
+
+#include <mutex>
+
+namespace kestrel::cuda {
+namespace {
+
+constexpr int BM = 128, BN = 128, BK = 64, kStages = 4, kThreads = 256;
+constexpr int kChunkTiles = 8;  // k-tiles per chunk of Q4 scales/biases and A sums
+
+// Shared memory (bytes): per stage A hi, A lo (128 rows x 128 B) and W (128 rows x 32 B Q4 or
+// 128 B bf16); then, Q4 only, two chunk buffers of scales and biases (bf16 [BN][8]) and of A sums
+// (fp32 [BM][12]: 48-byte rows, conflict-free across a quad's 8 rows).
+template <DFmt F>
+struct PipeLayout {
+  static constexpr int kWRow = F == DFmt::Q4 ? 32 : 128;
+  static constexpr int kA = BM * 128, kW = BN * kWRow;
+  static constexpr int kStage = 2 * kA + kW;
+  static constexpr int kScales = kStages * kStage;        // [2][BN][8] bf16
+  static constexpr int kBiases = kScales + 2 * BN * 16;  // [2][BN][8] bf16
+  static constexpr int kSums = kBiases + 2 * BN * 16;    // [2][BM][12] fp32
+  static constexpr int kSumRow = 12;
+  static constexpr int kBytes = F == DFmt::Q4 ? kSums + 2 * BM * kSumRow * 4 : kStages * kStage;
+};
+
+// Byte offset of 16-byte chunk c of row r (XOR swizzles: conflict-free ldmatrix / 16-byte reads).
+__device__ __forceinline__ int a_off(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+__device__ __forceinline__ int wq_off(int r, int c) { return r * 32 + ((c ^ ((r >> 2) & 1)) << 4); }
+__device__ __forceinline__ int wb_off(int r, int c) {
+  return r * 128 + ((c ^ (((r & 1) << 2) | ((r >> 1) & 3))) << 4);
+}
+
+__device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// R_j of a word of 8 Q4 codes: (code j, code j + 4) as exact bf16 integers.
+__device__ __forceinline__ uint32_t q4_pair(uint32_t w, int j) {
+  const uint32_t x = ((w >> (4 * j)) & 0x000f000fu) | 0x43004300u;  // bf16 128 + q
+  uint32_t r;
+  asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(x), "r"(0x43004300u));
+  return r;
+}
+
+template <DFmt F, bool SILU>
+__global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGemmArgs p) {
+  using L = PipeLayout<F>;
+  constexpr bool QW = F == DFmt::Q4;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t sbase = pf::smem_u32(smem);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp >> 1, wn = warp & 1;
+  const int g = lane >> 2, t = lane & 3;
+
+  int64_t m0, m_end, grp = 0;
+  if (p.groups > 0) {
+    const int tile = blockIdx.y;
+    if (tile >= p.tile_off[p.groups]) return;
+    int lo = 0, hi = p.groups - 1;  // the largest g with tile_off[g] <= tile (a non-empty group)
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (p.tile_off[mid] <= tile) lo = mid;
+      else hi = mid - 1;
+    }
+    grp = lo;
+    m0 = p.group_off[lo] + int64_t(tile - p.tile_off[lo]) * BM;
+    m_end = p.group_off[lo + 1];
+  } else {
+    m0 = int64_t(blockIdx.y) * BM;
+    m_end = p.M;
+  }
+  const int64_t K = p.K, KG = K / 64;
+  const int KT = int(KG);
+  auto a_row = [&](int r, bool& ok) -> int64_t {  // row of the split A for tile row r
+    const int64_t m = m0 + r;
+    ok = m < m_end;
+    if (!ok) return 0;
+    return p.a_rows ? int64_t(p.a_rows[m] / p.a_div) : m;
+  };
+  struct WRow {
+    const DMat* m;  // W, or W2 (up) for the second half of a SiLU warp's rows
+    int64_t row;
+    bool ok;
+  };
+  auto w_row = [&](int r) -> WRow {  // weight row of shared W row r
+    int64_t col;
+    bool up = false;
+    if constexpr (SILU) {  // warp column r >> 6: rows +0 .. +31 gate, +32 .. +63 up of 32 outputs
+      const int within = r & 63;
+      col = int64_t(blockIdx.x) * 64 + 32 * (r >> 6) + (within & 31);
+      up = within >= 32;
+    } else {
+      col = int64_t(blockIdx.x) * BN + r;
+    }
+    const bool ok = col < p.N;
+    return {up ? &p.W2 : &p.W, grp * p.N + (ok ? col : 0), ok};
+  };
+
+  // This thread's copies of each k-tile: A rows (tid >> 3) + 32 i, chunk tid & 7 (both planes);
+  // W: Q4 row tid >> 1 chunk tid & 1, bf16 rows (tid >> 3) + 32 i chunk tid & 7.
+  const int ac = tid & 7;
+  int64_t a_src[4];
+  bool a_ok[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) a_src[i] = a_row((tid >> 3) + 32 * i, a_ok[i]) * K + 8 * ac;
+  constexpr int WN = QW ? 1 : 4;
+  const uint8_t* w_src[WN];
+  bool w_ok[WN];
+#pragma unroll
+  for (int i = 0; i < WN; ++i) {
+    const int r = QW ? tid >> 1 : (tid >> 3) + 32 * i;
+    const int c = QW ? tid & 1 : tid & 7;
+    const WRow w = w_row(r);
+    w_ok[i] = w.ok;
+    w_src[i] = static_cast<const uint8_t*>(w.m->data) + w.row * (QW ? K / 2 : K * 2) + 16 * c;
+  }
+  // Q4 chunks: scales (tid < 128) or biases (tid >= 128) of row tid & 127; A sums of row tid >> 1,
+  // half tid & 1.
+  const uint16_t* sb_src = nullptr;
+  bool sb_ok = false;
+  int64_t sum_src = 0;
+  bool sum_ok = false;
+  if constexpr (QW) {
+    const WRow w = w_row(tid & 127);
+    sb_ok = w.ok;
+    sb_src = (tid < 128 ? w.m->scales : w.m->biases) + w.row * KG;
+    sum_src = a_row(tid >> 1, sum_ok) * KG + 4 * (tid & 1);
+  }
+  const uint8_t* ahi = reinterpret_cast<const uint8_t*>(p.pipe.hi);
+  const uint8_t* alo = reinterpret_cast<const uint8_t*>(p.pipe.lo);
+
+  auto load_stage = [&](int kt) {
+    const uint32_t st = sbase + uint32_t((kt % kStages) * L::kStage);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = (tid >> 3) + 32 * i;
+      const size_t off = size_t(a_src[i] + int64_t(kt) * BK) * 2;
+      cp16(st + a_off(r, ac), ahi + off, a_ok[i]);
+      cp16(st + L::kA + a_off(r, ac), alo + off, a_ok[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < WN; ++i) {
+      const int r = QW ? tid >> 1 : (tid >> 3) + 32 * i;
+      const int off = QW ? wq_off(r, tid & 1) : wb_off(r, tid & 7);
+      cp16(st + 2 * L::kA + off, w_src[i] + size_t(kt) * (QW ? 32 : 128), w_ok[i]);
+    }
+    if constexpr (QW) {
+      if (kt % kChunkTiles == 0) {
+        const int cb = (kt / kChunkTiles) & 1;
+        const uint32_t dst = sbase + uint32_t((tid < 128 ? L::kScales : L::kBiases) + cb * BN * 16 +
+                                              (tid & 127) * 16);
+        cp16(dst, sb_src + kt, sb_ok);
+        cp16(sbase + uint32_t(L::kSums + (cb * BM + (tid >> 1)) * L::kSumRow * 4 + (tid & 1) * 16),
+             p.pipe.sum + sum_src + kt, sum_ok);
+      }
+    }
+  };
+
+  float acc[2][8][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < KT) load_stage(s);
+    cp_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_wait<kStages - 2>();
+    __syncthreads();  // tile kt has landed for every thread; tile kt - 1's buffer is free
+    if (kt + kStages - 1 < KT) load_stage(kt + kStages - 1);
+    cp_commit();
+    const uint8_t* st = smem + (kt % kStages) * L::kStage;
+    const uint8_t* sa = st;
+    const uint8_t* sl = st + L::kA;
+    const uint8_t* sw = st + 2 * L::kA;
+
+    float tq[2][8][4];  // (bf16 W: unused, eliminated)
+    if constexpr (QW) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) tq[i][j][e] = 0.f;
+    }
+    float(&dst)[2][8][4] = QW ? tq : acc;
+#pragma unroll
+    for (int cc = 0; cc < 2; ++cc) {  // 32 k (16 bytes of a Q4 row)
+      uint32_t bq[8][4];  // per column tile: R_0..R_3
+      if constexpr (QW) {
+        uint32_t wq[8];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = wn * 64 + 32 * h + 8 * (lane >> 3) + (lane & 7);
+          uint32_t v[4];
+          pf::ldsm_x4(v, sw + wq_off(r, cc));
+#pragma unroll
+          for (int j = 0; j < 4; ++j) wq[4 * h + j] = v[j];
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) bq[nt][j] = q4_pair(wq[nt], j);
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          const int r = wn * 64 + 8 * nt + g;
+          const uint4 u = *reinterpret_cast<const uint4*>(sw + wb_off(r, 4 * cc + t));
+          bq[nt][0] = __byte_perm(u.x, u.z, 0x5410);  // (e0, e4)
+          bq[nt][1] = __byte_perm(u.x, u.z, 0x7632);  // (e1, e5)
+          bq[nt][2] = __byte_perm(u.y, u.w, 0x5410);  // (e2, e6)
+          bq[nt][3] = __byte_perm(u.y, u.w, 0x7632);  // (e3, e7)
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const int ks = 2 * cc + s;
+        uint32_t ah[2][4], al[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          const int r = wm * 32 + 16 * mt + (lane & 15), c = 2 * ks + (lane >> 4);
+          pf::ldsm_x4(ah[mt], sa + a_off(r, c));
+          pf::ldsm_x4(al[mt], sl + a_off(r, c));
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            pf::mma_bf16(dst[mt][nt], ah[mt], bq[nt][2 * s], bq[nt][2 * s + 1]);
+            pf::mma_bf16(dst[mt][nt], al[mt], bq[nt][2 * s], bq[nt][2 * s + 1]);
+          }
+      }
+    }
+    if constexpr (QW) {  // acc += s * (q . A) + b * sum(A), per W row (column) and A row
+      const int cb = (kt / kChunkTiles) & 1, ci = kt % kChunkTiles;
+      const uint16_t* ss = reinterpret_cast<const uint16_t*>(smem + L::kScales) + cb * BN * 8;
+      const uint16_t* sbi = reinterpret_cast<const uint16_t*>(smem + L::kBiases) + cb * BN * 8;
+      const float* su = reinterpret_cast<const float*>(smem + L::kSums) + cb * BM * L::kSumRow;
+      float rs[2][2];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) rs[mt][h] = su[(wm * 32 + 16 * mt + g + 8 * h) * L::kSumRow + ci];
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int n = wn * 64 + 8 * nt + 2 * t + e;
+          const float cs = bf16_bits_to_f32(ss[n * 8 + ci]), cbias = bf16_bits_to_f32(sbi[n * 8 + ci]);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              acc[mt][nt][2 * h + e] =
+                  fmaf(cs, tq[mt][nt][2 * h + e], fmaf(cbias, rs[mt][h], acc[mt][nt][2 * h + e]));
+        }
+    }
+  }
+  cp_wait<0>();  // (only empty groups can be outstanding; leave none behind)
+
+  // Epilogue: acc[mt][nt][2h + e] is row wm*32 + 16 mt + g + 8 h, column 8 nt + 2 t + e of the
+  // warp's 64 (SiLU: columns 0..31 gate and 32..63 up of the same 32 outputs).
+  const bool vec2 = (p.ldc & 1) == 0;
+  const bool residual = p.epi == GemmEpi::Residual;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = m0 + wm * 32 + 16 * mt + g + 8 * h;
+      if (m >= m_end) continue;
+      const int64_t crow = p.c_rows ? int64_t(p.c_rows[m]) : m;
+      const float sc = p.row_scale ? p.row_scale[crow] : 1.f;
+      float* c = p.C ? p.C + crow * p.ldc : nullptr;
+      uint16_t* c16 = p.C16 ? p.C16 + crow * p.ldc : nullptr;
+      constexpr int NTO = SILU ? 4 : 8;
+#pragma unroll
+      for (int nt = 0; nt < NTO; ++nt) {
+        float v0, v1;
+        int64_t col;
+        if constexpr (SILU) {
+          col = int64_t(blockIdx.x) * 64 + wn * 32 + nt * 8 + 2 * t;
+          v0 = silu_f(acc[mt][nt][2 * h]) * acc[mt][nt + 4][2 * h] * sc;
+          v1 = silu_f(acc[mt][nt][2 * h + 1]) * acc[mt][nt + 4][2 * h + 1] * sc;
+        } else {
+          col = int64_t(blockIdx.x) * BN + wn * 64 + nt * 8 + 2 * t;
+          v0 = acc[mt][nt][2 * h] * sc;
+          v1 = acc[mt][nt][2 * h + 1] * sc;
+        }
+        if (c16) {
+          if (col + 1 < p.N && vec2) {
+            *reinterpret_cast<uint32_t*>(c16 + col) = pf::pack_bf16(v0, v1);
+          } else {
+            if (col < p.N) c16[col] = __bfloat16_as_ushort(__float2bfloat16_rn(v0));
+            if (col + 1 < p.N) c16[col + 1] = __bfloat16_as_ushort(__float2bfloat16_rn(v1));
+          }
+        } else if (col + 1 < p.N && vec2) {
+          float2* q = reinterpret_cast<float2*>(c + col);
+          if (residual) {
+            const float2 o = *q;
+            v0 += o.x;
+            v1 += o.y;
+          }
+          *q = make_float2(v0, v1);
+        } else {
+          if (col < p.N) c[col] = residual ? c[col] + v0 : v0;
+          if (col + 1 < p.N) c[col + 1] = residual ? c[col + 1] + v1 : v1;
+        }
+      }
+    }
+}
+
+// One thread per 32 k of a row: hi/lo planes in the permuted order, and (pairs of threads) the
+// fp32 sum of the row's 64-group.
+__global__ void pipe_split_kernel(const PipeSplitArgs a) {
+  const int64_t per_row = a.K / 32;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool ok = i < a.rows * per_row;
+  const int64_t r = ok ? i / per_row : 0, c = ok ? i % per_row : 0;
+  float x[32];
+  float part = 0.f;
+  if (ok) {
+    const float4* src = reinterpret_cast<const float4*>(a.A + r * a.lda + 32 * c);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float4 v = src[j];
+      x[4 * j] = v.x;
+      x[4 * j + 1] = v.y;
+      x[4 * j + 2] = v.z;
+      x[4 * j + 3] = v.w;
+      part += (v.x + v.y) + (v.z + v.w);
+    }
+  }
+  part += __shfl_xor_sync(0xffffffffu, part, 1);  // the other half of the 64-group (K/32 even)
+  if (!ok) return;
+  uint32_t hi[16], lo[16];
+#pragma unroll
+  for (int o = 0; o < 32; o += 2) {  // output positions o, o + 1 (e = 0, 1 of the same t, s, h)
+    const int s = o >> 4, h = (o >> 3) & 1, tt = (o & 7) >> 1;
+    const int i0 = 8 * tt + 2 * s + h;  // e = 0; e = 1 is i0 + 4
+    const float v0 = x[i0], v1 = x[i0 + 4];
+    const uint32_t hv = pf::pack_bf16(v0, v1);
+    hi[o >> 1] = hv;
+    lo[o >> 1] = pf::pack_bf16(v0 - pf::bf16_lo(hv), v1 - pf::bf16_hi(hv));
+  }
+  uint4* dh = reinterpret_cast<uint4*>(a.hi + r * a.K + 32 * c);
+  uint4* dl = reinterpret_cast<uint4*>(a.lo + r * a.K + 32 * c);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    dh[j] = make_uint4(hi[4 * j], hi[4 * j + 1], hi[4 * j + 2], hi[4 * j + 3]);
+    dl[j] = make_uint4(lo[4 * j], lo[4 * j + 1], lo[4 * j + 2], lo[4 * j + 3]);
+  }
+  if ((c & 1) == 0) a.sum[r * (a.K / 64) + c / 2] = part;
+}
+
+std::once_flag g_pipe_once;
+
+template <DFmt F, bool SILU>
+void launch(const PrefillGemmArgs& a, cudaStream_t s) {
+  const unsigned gx = unsigned(SILU ? (a.N + 63) / 64 : (a.N + BN - 1) / BN);
+  const unsigned gy = unsigned(a.groups > 0 ? a.max_tiles : (a.M + BM - 1) / BM);
+  pipe_gemm_kernel<F, SILU><<<dim3(gx, gy), kThreads, PipeLayout<F>::kBytes, s>>>(a);
+  KCUDA_LAUNCH("prefill_pipe_gemm");
+}
+
+}  // namespace
+
+void prefill_pipe_init() {
+  std::call_once(g_pipe_once, [] {
+    const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::Q4, false>, attr, PipeLayout<DFmt::Q4>::kBytes));
+    KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::Q4, true>, attr, PipeLayout<DFmt::Q4>::kBytes));
+    KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::BF16, false>, attr, PipeLayout<DFmt::BF16>::kBytes));
+    KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::BF16, true>, attr, PipeLayout<DFmt::BF16>::kBytes));
+  });
+}
+
+void prefill_pipe_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s) {
+  prefill_pipe_init();
+  const bool silu = a.epi == GemmEpi::SiluMul;
+  if (a.W.fmt == DFmt::Q4) silu ? launch<DFmt::Q4, true>(a, s) : launch<DFmt::Q4, false>(a, s);
+  else silu ? launch<DFmt::BF16, true>(a, s) : launch<DFmt::BF16, false>(a, s);
+}
+
+void prefill_pipe_split_launch(const PipeSplitArgs& a, cudaStream_t s) {
+  const int64_t n = a.rows * (a.K / 32);
+  pipe_split_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(a);
+  KCUDA_LAUNCH("prefill_pipe_split");
+}
+
+}  // namespace kestrel::cuda
