@@ -295,7 +295,8 @@ void PrefillStep::norm(const float* x, const float* w, int64_t T, float* y, uint
 
 // The split of fp32 A [T, K] (lda) for the Pipe kernel into moe_.pipe[0], or none (Reg kernel).
 PipeA PrefillStep::split(const float* a, int64_t lda, int64_t T, int64_t K, cudaStream_t s) {
-  if (kernel_ != PrefillGemmKernel::Pipe) return {};
+  // (K % 512 != 0: no weight of that width runs on the Pipe kernel; nothing to split.)
+  if (kernel_ != PrefillGemmKernel::Pipe || !prefill_pipe_supports(DFmt::Q4, K)) return {};
   PipeSplitArgs sp;
   sp.A = a;
   sp.rows = T;
