@@ -136,20 +136,24 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
   const int64_t qpos[2] = {a.pos0 + q0 + warp * 16 + (lane >> 2), a.pos0 + q0 + warp * 16 + (lane >> 2) + 8};
   const int64_t last_q = a.pos0 + min(q0 + QT, a.T) - 1;  // the block's last query position
 
-  for (int64_t kv0 = 0; kv0 <= last_q; kv0 += KT) {
-    __syncthreads();  // previous tile fully consumed (and Q staged on the first pass)
+  // K and V tiles arrive by cp.async, each one step ahead of its use: K of the next tile is copied
+  // while this tile's softmax and P V run, V of the next tile while the next Q K^T runs (one
+  // buffer each; keys beyond the sequence zero-filled).
+  auto load_tile = [&](uint16_t (*dst)[DP], const uint16_t* cache, int64_t kv0) {
     for (int i = tid; i < KT * (D / 8); i += kThreads) {
       const int r = i / (D / 8), c8 = i % (D / 8);
       const int64_t kp = kv0 + r;
-      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-      if (kp < nkeys) {
-        kv = reinterpret_cast<const uint4*>(a.kcache + kp * kstride + int64_t(kvh) * D)[c8];
-        vv = reinterpret_cast<const uint4*>(a.vcache + kp * kstride + int64_t(kvh) * D)[c8];
-      }
-      *reinterpret_cast<uint4*>(&sm.k[r][8 * c8]) = kv;
-      *reinterpret_cast<uint4*>(&sm.v[r][8 * c8]) = vv;
+      const bool ok = kp < nkeys;
+      pf::cp_async16(&dst[r][8 * c8], cache + (ok ? kp : 0) * kstride + int64_t(kvh) * D + 8 * c8, ok);
     }
-    __syncthreads();
+    pf::cp_async_commit();
+  };
+  load_tile(sm.k, a.kcache, 0);
+  load_tile(sm.v, a.vcache, 0);
+  for (int64_t kv0 = 0; kv0 <= last_q; kv0 += KT) {
+    const bool more = kv0 + KT <= last_q;
+    pf::cp_async_wait<1>();  // this tile's K (its V may still be in flight)
+    __syncthreads();         // ... for every thread (and Q staged on the first pass)
     // S = Q K^T (16 x 32 per warp).
     float s[4][4];
 #pragma unroll
@@ -171,6 +175,8 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
         pf::mma_bf16(s[2 * np + 1], afl, r[2], r[3]);
       }
     }
+    __syncthreads();  // every warp is done with this K tile
+    if (more) load_tile(sm.k, a.kcache, kv0 + KT);
     // Online softmax (base 2), causal mask.
     float p[4][4];
 #pragma unroll
@@ -209,7 +215,10 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
         o[n][2 * hh + 1] *= corr;
       }
     }
-    // O += P V.
+    // O += P V (this tile's V landed: at most the next K is still in flight).
+    if (more) pf::cp_async_wait<1>();
+    else pf::cp_async_wait<0>();
+    __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < KT / 16; ++kk) {
       uint32_t af[4], afl[4];
@@ -231,6 +240,8 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
         pf::mma_bf16(o[2 * dp + 1], afl, r[2], r[3]);
       }
     }
+    __syncthreads();  // every warp is done with this V tile
+    if (more) load_tile(sm.v, a.vcache, kv0 + KT);
   }
   // Epilogue: 1/l, output gate.
 #pragma unroll

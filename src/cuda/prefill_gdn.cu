@@ -11,6 +11,7 @@
 //      memory; chunks in order):  V' = U - W S;  O = Qe S + P V';  S = eL S + Kd^T V'
 #include "cuda/common.cuh"
 #include "cuda/prefill.h"
+#include "cuda/prefill_mma.h"
 
 #include <mutex>
 
@@ -173,14 +174,6 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(const PrefillGdnArgs
   if (tid == 0) g.eL[ch * a.Hv + j] = expf(GL);
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(smem))),
-               "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
 struct ScanSmem {
   float W[C][DK];
   float Qe[C][DK];
@@ -212,30 +205,30 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_kernel(const PrefillGdnArgs
   auto stage_rows = [&](float (*dst)[DK], const float* src, int64_t ch) {
     for (int x = tid; x < C * 32; x += kThreads) {
       const int i = x / 32, c4 = x % 32;
-      cp_async16(&dst[i][4 * c4], src + ((ch * C + i) * a.Hv + j) * 128 + 4 * c4);
+      pf::cp_async16(&dst[i][4 * c4], src + ((ch * C + i) * a.Hv + j) * 128 + 4 * c4);
     }
   };
   auto stage_U = [&](int64_t ch) {
     for (int x = tid; x < C * DVS / 4; x += kThreads) {
       const int i = x / (DVS / 4), c4 = x % (DVS / 4);
-      cp_async16(&sm.U[i][4 * c4], g.U + ((ch * C + i) * a.Hv + j) * 128 + sl * DVS + 4 * c4);
+      pf::cp_async16(&sm.U[i][4 * c4], g.U + ((ch * C + i) * a.Hv + j) * 128 + sl * DVS + 4 * c4);
     }
   };
   auto stage_P = [&](int64_t ch) {
     const float* Pg = g.P + (ch * a.Hv + j) * C * C;
-    for (int x = tid; x < C * C / 4; x += kThreads) cp_async16(&sm.P[0][0] + 4 * x, Pg + 4 * x);
+    for (int x = tid; x < C * C / 4; x += kThreads) pf::cp_async16(&sm.P[0][0] + 4 * x, Pg + 4 * x);
   };
   stage_rows(sm.W, g.W, 0);
   stage_rows(sm.Qe, g.Qe, 0);
   stage_rows(sm.Kd, g.Kd, 0);
   stage_P(0);
   stage_U(0);
-  cp_async_commit();
+  pf::cp_async_commit();
   for (int64_t ch = 0; ch < nch; ++ch) {
     const int64_t t0 = ch * C;
     const bool more = ch + 1 < nch;
     const float eL = g.eL[ch * a.Hv + j];
-    cp_async_wait_all();
+    pf::cp_async_wait_all();
     __syncthreads();
     // V' = U - W S (64 x 32): thread column c, rows i0..i0+7.
     {
@@ -258,7 +251,7 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_kernel(const PrefillGdnArgs
       stage_rows(sm.W, g.W, ch + 1);
       stage_U(ch + 1);
     }
-    cp_async_commit();
+    pf::cp_async_commit();
     // O = Qe S + P V'.
     {
       float acc[8];
@@ -291,7 +284,7 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_kernel(const PrefillGdnArgs
       stage_rows(sm.Qe, g.Qe, ch + 1);
       stage_P(ch + 1);
     }
-    cp_async_commit();
+    pf::cp_async_commit();
     // S = eL S + Kd^T V': thread column c, rows r0..r0+15.
     {
       float acc[16];
@@ -313,7 +306,7 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_kernel(const PrefillGdnArgs
     }
     __syncthreads();
     if (more) stage_rows(sm.Kd, g.Kd, ch + 1);  // Kd consumed
-    cp_async_commit();
+    pf::cp_async_commit();
   }
   for (int i = tid; i < DK * DVS; i += kThreads) {
     const int cc = i / DK, r = i % DK;

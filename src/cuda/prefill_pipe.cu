@@ -57,16 +57,6 @@ __device__ __forceinline__ int wb_off(int r, int c) {
   return r * 128 + ((c ^ (((r & 1) << 2) | ((r >> 1) & 3))) << 4);
 }
 
-__device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 // R_j of a word of 8 Q4 codes: (code j, code j + 4) as exact bf16 integers.
 __device__ __forceinline__ uint32_t q4_pair(uint32_t w, int j) {
   const uint32_t x = ((w >> (4 * j)) & 0x000f000fu) | 0x43004300u;  // bf16 128 + q
@@ -168,22 +158,22 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
     for (int i = 0; i < 4; ++i) {
       const int r = (tid >> 3) + 32 * i;
       const size_t off = size_t(a_src[i] + int64_t(kt) * BK) * 2;
-      cp16(st + a_off(r, ac), ahi + off, a_ok[i]);
-      cp16(st + L::kA + a_off(r, ac), alo + off, a_ok[i]);
+      pf::cp_async16(st + a_off(r, ac), ahi + off, a_ok[i]);
+      pf::cp_async16(st + L::kA + a_off(r, ac), alo + off, a_ok[i]);
     }
 #pragma unroll
     for (int i = 0; i < WN; ++i) {
       const int r = QW ? tid >> 1 : (tid >> 3) + 32 * i;
       const int off = QW ? wq_off(r, tid & 1) : wb_off(r, tid & 7);
-      cp16(st + 2 * L::kA + off, w_src[i] + size_t(kt) * (QW ? 32 : 128), w_ok[i]);
+      pf::cp_async16(st + 2 * L::kA + off, w_src[i] + size_t(kt) * (QW ? 32 : 128), w_ok[i]);
     }
     if constexpr (QW) {
       if (kt % kChunkTiles == 0) {
         const int cb = (kt / kChunkTiles) & 1;
         const uint32_t dst = sbase + uint32_t((tid < 128 ? L::kScales : L::kBiases) + cb * BN * 16 +
                                               (tid & 127) * 16);
-        cp16(dst, sb_src + kt, sb_ok);
-        cp16(sbase + uint32_t(L::kSums + (cb * BM + (tid >> 1)) * L::kSumRow * 4 + (tid & 1) * 16),
+        pf::cp_async16(dst, sb_src + kt, sb_ok);
+        pf::cp_async16(sbase + uint32_t(L::kSums + (cb * BM + (tid >> 1)) * L::kSumRow * 4 + (tid & 1) * 16),
              p.pipe.sum + sum_src + kt, sum_ok);
       }
     }
@@ -200,13 +190,13 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < KT) load_stage(s);
-    cp_commit();
+    pf::cp_async_commit();
   }
   for (int kt = 0; kt < KT; ++kt) {
-    cp_wait<kStages - 2>();
+    pf::cp_async_wait<kStages - 2>();
     __syncthreads();  // tile kt has landed for every thread; tile kt - 1's buffer is free
     if (kt + kStages - 1 < KT) load_stage(kt + kStages - 1);
-    cp_commit();
+    pf::cp_async_commit();
     const uint8_t* st = smem + (kt % kStages) * L::kStage;
     const uint8_t* sa = st;
     const uint8_t* sl = st + L::kA;
@@ -294,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
         }
     }
   }
-  cp_wait<0>();  // (only empty groups can be outstanding; leave none behind)
+  pf::cp_async_wait<0>();  // (only empty groups can be outstanding; leave none behind)
 
   // Epilogue: acc[mt][nt][2h + e] is row wm*32 + 16 mt + g + 8 h, column 8 nt + 2 t + e of the
   // warp's 64 (SiLU: columns 0..31 gate and 32..63 up of the same 32 outputs).
