@@ -7,7 +7,7 @@
 // floor_tok_per_s at 4.0 TB/s and the fraction reached, gpu, git_sha, date.
 //   kestrel bench --synthetic q4|bf16 --prefill 512,4096,32768,131072 [--prefill-runs 3]
 //                 [--prefill-aprec split|f16|both]   (the GEMM route: split, the default, is exact)
-//                 [--prefill-gemm reg|pipe|both]     (the Split route's GEMM kernel)
+//                 [--prefill-gemm auto|reg|pipe|both|all]  (the Split route's GEMM kernel choice)
 // Prompt (prefill) speed instead: each prompt of random tokens through the backend's real step
 // (Backend::step on a fresh sequence, last-token logits back on the host: the time to first
 // token), wall-clock; one untimed warm-up prompt first, then the median of --prefill-runs runs
@@ -167,28 +167,32 @@ void run_prefill_bench(const BenchOpts& o, kestrel::Backend& b, const std::strin
   }
   KESTREL_CHECK(o.prefill_aprec == "f16" || o.prefill_aprec == "split" || o.prefill_aprec == "both",
                 "--prefill-aprec {} (f16, split or both)", o.prefill_aprec);
-  KESTREL_CHECK(o.prefill_gemm == "default" || o.prefill_gemm == "reg" || o.prefill_gemm == "pipe" ||
-                    o.prefill_gemm == "both",
-                "--prefill-gemm {} (reg, pipe or both)", o.prefill_gemm);
-  // (route, kernel) pairs; the F16 route has one kernel (Reg).
-  using Kern = cuda::PrefillGemmKernel;
-  std::vector<Kern> kernels;
-  if (o.prefill_gemm == "default") kernels.push_back(cuda::prefill_gemm_kernel_from_env());
-  if (o.prefill_gemm == "reg" || o.prefill_gemm == "both") kernels.push_back(Kern::Reg);
-  if (o.prefill_gemm == "pipe" || o.prefill_gemm == "both") kernels.push_back(Kern::Pipe);
-  std::vector<std::pair<cuda::PrefillAPrec, Kern>> routes;
-  if (o.prefill_aprec != "split") routes.push_back({cuda::PrefillAPrec::F16, Kern::Reg});
+  // Split-route kernel choices: one of reg | pipe | auto, "both" (reg and pipe), "all", or the
+  // default (KESTREL_PREFILL_GEMM, else auto).
+  using Choice = cuda::PrefillGemmChoice;
+  std::vector<Choice> choices;
+  const std::string& pg = o.prefill_gemm;
+  if (pg == "default") choices.push_back(cuda::prefill_gemm_choice_from_env());
+  if (pg == "reg" || pg == "both" || pg == "all") choices.push_back(Choice::Reg);
+  if (pg == "pipe" || pg == "both" || pg == "all") choices.push_back(Choice::Pipe);
+  if (pg == "auto" || pg == "all") choices.push_back(Choice::Auto);
+  KESTREL_CHECK(!choices.empty(), "--prefill-gemm {} (reg, pipe, auto, both or all)", pg);
+  std::vector<std::pair<cuda::PrefillAPrec, Choice>> routes;
+  if (o.prefill_aprec != "split") routes.push_back({cuda::PrefillAPrec::F16, Choice::Reg});
   if (o.prefill_aprec != "f16")
-    for (Kern k : kernels) routes.push_back({cuda::PrefillAPrec::Split, k});
+    for (Choice k : choices) routes.push_back({cuda::PrefillAPrec::Split, k});
   nlohmann::json records = nlohmann::json::array();
   std::printf("%-8s %6s %5s %9s %5s %11s %11s %10s %9s %6s\n", "weights", "aprec", "gemm", "prompt", "runs",
               "ttft_ms", "tok/s", "TFLOP/s", "of 778", "redos");
   for (const auto& [route, kern] : routes)
   for (int64_t n : prompts) {
     cuda::set_prefill_aprec(b, route);
-    cuda::set_prefill_gemm_kernel(b, kern);
+    cuda::set_prefill_gemm_choice(b, kern);
     const char* aprec = route == cuda::PrefillAPrec::F16 ? "f16" : "split";
-    const char* gemm = kern == Kern::Pipe ? "pipe" : "reg";
+    const int64_t chunk = std::min<int64_t>(n, cuda::kPrefillMaxChunk);
+    const char* gemm = route == cuda::PrefillAPrec::F16 ? "reg" : cuda::prefill_gemm_choice_name(kern);
+    const char* kernel =
+        cuda::prefill_gemm_kernel_for(kern, route, chunk) == cuda::PrefillGemmKernel::Pipe ? "pipe" : "reg";
     const int64_t redos0 = cuda::prefill_range_redos(b);
     const int runs = n <= cuda::kPrefillMaxChunk ? o.prefill_runs : 1;
     const auto p = prompt_of(n);
@@ -207,6 +211,7 @@ void run_prefill_bench(const BenchOpts& o, kestrel::Backend& b, const std::strin
                        {"prompt_tokens", n},
                        {"aprec", aprec},
                        {"gemm", gemm},
+                       {"gemm_kernel", kernel},
                        {"moe_tile_rows", std::getenv("KESTREL_PREFILL_MOE_BM") ? std::getenv("KESTREL_PREFILL_MOE_BM")
                                                                               : "default"},
                        {"range_redos", redos},
@@ -433,8 +438,8 @@ void setup_bench(CLI::App& root) {
   c->add_option("--prefill-aprec", o->prefill_aprec,
                 "GEMM route of fp32 activations in prompts: f16, split (exact) or both (one record each)");
   c->add_option("--prefill-gemm", o->prefill_gemm,
-                "GEMM kernel of the split route: reg, pipe or both (one record each); default from "
-                "KESTREL_PREFILL_GEMM");
+                "GEMM kernel choice of the split route: auto, reg, pipe, both (reg and pipe) or all (one "
+                "record each); default from KESTREL_PREFILL_GEMM, else auto");
   c->callback([o] { run_bench(*o); });
 }
 

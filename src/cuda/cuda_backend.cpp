@@ -451,13 +451,13 @@ class CudaBackend final : public Backend {
     if (!prefill_) {
       prefill_ = std::make_unique<PrefillStep>(*m_, prefill_chunk_);
       if (prefill_route_set_) prefill_->set_aprec(prefill_aprec_, prefill_f16_limit_);
-      if (prefill_kernel_set_) prefill_->set_gemm_kernel(prefill_kernel_);
+      if (prefill_kernel_set_) prefill_->set_gemm_choice(prefill_kernel_);
     }
     return *prefill_;
   }
-  void set_prefill_gemm_kernel(PrefillGemmKernel k) {
+  void set_prefill_gemm_choice(PrefillGemmChoice k) {
     KCUDA(cudaStreamSynchronize(s_));
-    prefill().set_gemm_kernel(k);
+    prefill().set_gemm_choice(k);
     prefill_kernel_set_ = true;
     prefill_kernel_ = k;
   }
@@ -882,8 +882,8 @@ class CudaBackend final : public Backend {
   bool prefill_route_set_ = false;  // set_prefill_aprec called: overrides KESTREL_PREFILL_APREC
   PrefillAPrec prefill_aprec_ = PrefillAPrec::Split;
   float prefill_f16_limit_ = kF16Max;
-  bool prefill_kernel_set_ = false;  // set_prefill_gemm_kernel called: overrides KESTREL_PREFILL_GEMM
-  PrefillGemmKernel prefill_kernel_ = PrefillGemmKernel::Reg;
+  bool prefill_kernel_set_ = false;  // set_prefill_gemm_choice called: overrides KESTREL_PREFILL_GEMM
+  PrefillGemmChoice prefill_kernel_ = PrefillGemmChoice::Auto;
   std::unique_ptr<PrefillStep> prefill_;  // after m_: destroyed first (it refers to *m_)
 };
 
@@ -989,7 +989,7 @@ void set_prefill_aprec(Backend& b, PrefillAPrec p, float f16_limit) {
   as_cuda(b).set_prefill_route(p, f16_limit);
 }
 int64_t prefill_range_redos(const Backend& b) { return as_cuda(b).prefill_redos(); }
-void set_prefill_gemm_kernel(Backend& b, PrefillGemmKernel k) { as_cuda(b).set_prefill_gemm_kernel(k); }
+void set_prefill_gemm_choice(Backend& b, PrefillGemmChoice c) { as_cuda(b).set_prefill_gemm_choice(c); }
 
 }  // namespace cuda
 

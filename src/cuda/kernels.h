@@ -302,10 +302,10 @@ void moe_down(const MoeDownArgs& a, cudaStream_t s);
 // (q4, moe_mma_enabled, top-k <= 8).
 bool moe_down_takes_mma(const MoeDownArgs& a);
 // The decode step's use of the early selection read (KESTREL_MOE_DOWN_EARLY, read when the step is
-// recorded): 0 = off (SelRead::AfterWait; the default until measured, bench/NOTES.md v14),
-// 1 = moe_down_mma loads its expert rows and the shared expert's before its wait (SelRead::Flag
-// with the routing in gate/up, Early with it before), 2 = 1 and moe_gate_up triggers right after
-// its routing.
+// recorded): 0 = off (SelRead::AfterWait, the kernel before v14), 1 = moe_down_mma loads its
+// expert rows and the shared expert's before its wait (SelRead::Flag with the routing in gate/up,
+// Early with it before), 2 (the default: +0.6 % at ctx 0, +1.1 % at 4K on H100, bench/NOTES.md
+// v14) = 1 and moe_gate_up triggers right after its routing.
 int moe_down_early();
 void set_moe_down_early(int level);
 // Tiles whose weight loads a block of the tensor-core gate/up keeps in flight (1 or 2,

@@ -63,7 +63,7 @@ int& moe_mma_flag() {
   return f;
 }
 int& moe_down_early_flag() {
-  static int f = env_choice("KESTREL_MOE_DOWN_EARLY", {0, 1, 2}, 0);
+  static int f = env_choice("KESTREL_MOE_DOWN_EARLY", {0, 1, 2}, 2);
   return f;
 }
 int& moe_gu_depth_flag() {

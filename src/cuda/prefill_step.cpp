@@ -145,7 +145,7 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   KESTREL_CHECK(arena_.bytes() == p.bytes(), "prefill: scratch plan {} B but {} B allocated", p.bytes(),
                 arena_.bytes());
   set_aprec(prefill_aprec_from_env());
-  gemm_kernel_ = prefill_gemm_kernel_from_env();
+  gemm_choice_ = prefill_gemm_choice_from_env();
   // Measurement knob: rows per expert tile (0 = the route's default; see MoePrefillScratch).
   if (const char* e = std::getenv("KESTREL_PREFILL_MOE_BM"); e != nullptr && *e != 0) {
     moe_bm_ = std::atoi(e);
@@ -153,11 +153,16 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   }
 }
 
-PrefillGemmKernel prefill_gemm_kernel_from_env() {
+const char* prefill_gemm_choice_name(PrefillGemmChoice c) {
+  return c == PrefillGemmChoice::Reg ? "reg" : c == PrefillGemmChoice::Pipe ? "pipe" : "auto";
+}
+
+PrefillGemmChoice prefill_gemm_choice_from_env() {
   const char* e = std::getenv("KESTREL_PREFILL_GEMM");
-  if (e == nullptr || *e == 0 || std::strcmp(e, "reg") == 0) return PrefillGemmKernel::Reg;
-  KESTREL_CHECK(std::strcmp(e, "pipe") == 0, "KESTREL_PREFILL_GEMM={}: expected reg or pipe", e);
-  return PrefillGemmKernel::Pipe;
+  if (e == nullptr || *e == 0 || std::strcmp(e, "auto") == 0) return PrefillGemmChoice::Auto;
+  if (std::strcmp(e, "reg") == 0) return PrefillGemmChoice::Reg;
+  KESTREL_CHECK(std::strcmp(e, "pipe") == 0, "KESTREL_PREFILL_GEMM={}: expected auto, reg or pipe", e);
+  return PrefillGemmChoice::Pipe;
 }
 
 PrefillAPrec prefill_aprec_from_env() {
@@ -257,7 +262,7 @@ void PrefillStep::chunk(DSeq& sq, int64_t pos0, int64_t T, bool exact, cudaStrea
   moe_.f16_limit = f16_limit_;
   moe_.moe_bm = route == PrefillAPrec::F16 ? moe_bm_ : 0;  // Split: its default (64)
   // The Pipe kernel is a Split-route kernel: an F16 chunk runs every GEMM on the Reg kernel.
-  kernel_ = route == PrefillAPrec::Split ? gemm_kernel_ : PrefillGemmKernel::Reg;
+  kernel_ = prefill_gemm_kernel_for(gemm_choice_, route, T);
   moe_.kernel = kernel_;
   PrefillEmbedArgs em;
   em.T = T;
@@ -471,7 +476,8 @@ void PrefillStep::all_logits(int64_t T, float* host, cudaStream_t s) {
   const int64_t H = c.hidden_size, V = c.vocab_size;
   norm(buf_.x, m_.final_norm, T, buf_.hn, nullptr, s);
   route_ = PrefillAPrec::Split;  // after the chunk's range check: the exact route
-  kernel_ = gemm_kernel_;
+  // (vocabulary-wide: the Pipe kernel has enough tiles at any row count)
+  kernel_ = gemm_choice_ == PrefillGemmChoice::Reg ? PrefillGemmKernel::Reg : PrefillGemmKernel::Pipe;
   for (int64_t r0 = 0; r0 < T; r0 += kLogitRows) {
     const int64_t rows = std::min(kLogitRows, T - r0);
     gemm(split(buf_.hn + r0 * H, H, rows, H, s), buf_.hn + r0 * H, H, rows, m_.lm_head, buf_.logits,

@@ -16,7 +16,7 @@
 // Scratch is allocated once, at construction, for max_chunk tokens; nothing is allocated per
 // step. Inside a chunk nothing synchronises the host; the logits copies at the end do.
 // GEMM route (PrefillAPrec, prefill.h): Split (default: bf16 hi + lo, the fp32 oracle's numbers to
-// accumulation order; its GEMMs on the Reg or the Pipe kernel, PrefillGemmKernel) or F16 (opt-in: one fp16 plane per fp32 activation, +22 % at 4K, and it
+// accumulation order; its GEMMs on the Reg or the Pipe kernel, PrefillGemmChoice) or F16 (opt-in: one fp16 plane per fp32 activation, +22 % at 4K, and it
 // misses the end-to-end bound on random real-width models: bench/PREFILL_NOTES.md v4). On the F16
 // route every chunk first snapshots the sequence's conv windows and GDN states and ends with one
 // host read of the range flag; if an activation exceeded the fp16 range, the chunk is redone on
@@ -38,6 +38,22 @@ namespace kestrel::cuda {
 constexpr int64_t kPrefillMaxChunk = 8192;  // tokens per chunk (issue 7)
 constexpr int64_t kLogitRows = 128;          // all_logits: lm_head rows per block (device buffer)
 
+// Which kernel runs the Split route's GEMMs (PrefillGemmKernel): always Reg, always Pipe, or Auto
+// (the default): Pipe for chunks of at least kPipeMinChunk tokens and for the all-logits lm_head
+// (vocabulary-wide: enough tiles at any row count), Reg below. The Pipe kernel's 128 x 128 tiles
+// at one block per SM under-fill the machine on short chunks (at 512 tokens out_proj has 64
+// tiles, and most experts' 128-row tiles hold a few rows): measured at 512 tokens Reg 5,865
+// tok/s, Pipe 5,012; at 4096 Reg 12,396, Pipe 15,034 (H100, bench/PREFILL_NOTES.md v5).
+enum class PrefillGemmChoice : uint8_t { Reg, Pipe, Auto };
+constexpr int64_t kPipeMinChunk = 2048;
+// The kernel of a chunk of T tokens on `route` (F16 chunks: Reg, the only F16 kernel).
+inline PrefillGemmKernel prefill_gemm_kernel_for(PrefillGemmChoice c, PrefillAPrec route, int64_t T) {
+  if (route != PrefillAPrec::Split || c == PrefillGemmChoice::Reg) return PrefillGemmKernel::Reg;
+  return c == PrefillGemmChoice::Pipe || T >= kPipeMinChunk ? PrefillGemmKernel::Pipe
+                                                            : PrefillGemmKernel::Reg;
+}
+const char* prefill_gemm_choice_name(PrefillGemmChoice c);
+
 // Scratch bytes of the driver for chunks of max_chunk tokens of this config.
 size_t prefill_step_scratch_bytes(const ModelConfig& c, int64_t max_chunk);
 
@@ -56,9 +72,9 @@ class PrefillStep {
   // The GEMM route and, for tests of the redo, the fp16 clamp bound (<= kF16Max).
   void set_aprec(PrefillAPrec p, float f16_limit = kF16Max);
   PrefillAPrec aprec() const { return aprec_; }
-  // The kernel of the Split route's GEMMs (PrefillGemmKernel; KESTREL_PREFILL_GEMM=reg|pipe).
-  void set_gemm_kernel(PrefillGemmKernel k) { gemm_kernel_ = k; }
-  PrefillGemmKernel gemm_kernel() const { return gemm_kernel_; }
+  // The kernel choice of the Split route's GEMMs (KESTREL_PREFILL_GEMM=reg|pipe|auto).
+  void set_gemm_choice(PrefillGemmChoice c) { gemm_choice_ = c; }
+  PrefillGemmChoice gemm_choice() const { return gemm_choice_; }
   // Chunks redone on the Split route because of the fp16 range (since construction).
   int64_t range_redos() const { return range_redos_; }
 
@@ -122,7 +138,7 @@ class PrefillStep {
   std::vector<float*> snap_conv_, snap_rec_;  // per GDN layer (F16 route's redo)
   int64_t range_redos_ = 0;
   int moe_bm_ = 0;  // KESTREL_PREFILL_MOE_BM (F16 route; 0 = default)
-  PrefillGemmKernel gemm_kernel_ = PrefillGemmKernel::Reg;
+  PrefillGemmChoice gemm_choice_ = PrefillGemmChoice::Auto;
   PrefillGemmKernel kernel_ = PrefillGemmKernel::Reg;  // of the chunk being enqueued
 };
 
@@ -139,9 +155,9 @@ void set_prefill_aprec(Backend& b, PrefillAPrec p, float f16_limit = kF16Max);
 int64_t prefill_range_redos(const Backend& b);
 // KESTREL_PREFILL_APREC: "split" (default) or "f16"; anything else is an error.
 PrefillAPrec prefill_aprec_from_env();
-// The backend's prompt driver's Split-route GEMM kernel (kept across driver rebuilds).
-void set_prefill_gemm_kernel(Backend& b, PrefillGemmKernel k);
-// KESTREL_PREFILL_GEMM: "reg" (default) or "pipe"; anything else is an error.
-PrefillGemmKernel prefill_gemm_kernel_from_env();
+// The backend's prompt driver's Split-route GEMM kernel choice (kept across driver rebuilds).
+void set_prefill_gemm_choice(Backend& b, PrefillGemmChoice c);
+// KESTREL_PREFILL_GEMM: "auto" (default), "reg" or "pipe"; anything else is an error.
+PrefillGemmChoice prefill_gemm_choice_from_env();
 
 }  // namespace kestrel::cuda

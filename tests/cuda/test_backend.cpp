@@ -236,14 +236,14 @@ TEST(CudaBackend, MatchesCpuBackendQ4Preload) {  // route 1's one-row GEMV with 
   run_e2e_with(gemv_preload, set_gemv_preload, false, "the one-row GEMV's preload");
 }
 
-TEST(CudaBackend, MatchesCpuBackendQ4DownEarlyLevels) {  // moe_down_early 1 and 2 (0 is the default)
+TEST(CudaBackend, MatchesCpuBackendQ4DownEarlyLevels) {  // moe_down_early 0 and 1 (2 is the default)
   REQUIRE_GPU();
-  ASSERT_EQ(moe_down_early(), 0) << "level 0 is the default";
-  for (int level : {1, 2}) {
+  ASSERT_EQ(moe_down_early(), 2) << "level 2 is the default";
+  for (int level : {0, 1}) {
     set_moe_down_early(level);
     run_e2e(WFormat::Q4, WFormat::Q8, 2);
   }
-  set_moe_down_early(0);
+  set_moe_down_early(2);
   EXPECT_THROW(set_moe_down_early(3), std::exception);
 }
 
@@ -316,9 +316,8 @@ TEST(CudaBackend, MatchesCpuBackendQ4RouteTailBlock) {  // the 256-thread routin
 
 TEST(CudaBackend, MatchesCpuBackendQ4DownEarlyRouteKernel) {  // level 2 with the selection from the routing kernel
   REQUIRE_GPU();
-  set_moe_down_early(2);
+  ASSERT_EQ(moe_down_early(), 2) << "level 2 is the default";
   run_e2e_routing(RoutePlace::Kernel, RouteAlgo::Block);
-  set_moe_down_early(0);
 }
 
 TEST(CudaBackend, MatchesCpuBackendQ4RouteGateUp) {  // every moe_gate_up block routes for itself

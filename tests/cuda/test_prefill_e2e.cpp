@@ -247,6 +247,32 @@ TEST(PrefillE2E, SplitRouteAndF16RangeRedo) {
   EXPECT_THROW(set_prefill_aprec(*gpu_b, PrefillAPrec::F16, 1e6f), Error);
 }
 
+// The kernel each chunk's GEMMs run on (no GPU needed): Auto takes Pipe from kPipeMinChunk
+// tokens; the F16 route is Reg whatever the choice; KESTREL_PREFILL_GEMM picks the choice.
+TEST(PrefillRoutes, GemmKernelChoice) {
+  using C = PrefillGemmChoice;
+  using K = PrefillGemmKernel;
+  constexpr auto S = PrefillAPrec::Split, F = PrefillAPrec::F16;
+  EXPECT_EQ(prefill_gemm_kernel_for(C::Auto, S, kPipeMinChunk - 1), K::Reg);
+  EXPECT_EQ(prefill_gemm_kernel_for(C::Auto, S, kPipeMinChunk), K::Pipe);
+  EXPECT_EQ(prefill_gemm_kernel_for(C::Auto, S, kPrefillMaxChunk), K::Pipe);
+  EXPECT_EQ(prefill_gemm_kernel_for(C::Pipe, S, 1), K::Pipe);
+  EXPECT_EQ(prefill_gemm_kernel_for(C::Reg, S, kPrefillMaxChunk), K::Reg);
+  for (C c : {C::Reg, C::Pipe, C::Auto}) EXPECT_EQ(prefill_gemm_kernel_for(c, F, kPrefillMaxChunk), K::Reg);
+  const char* old = std::getenv("KESTREL_PREFILL_GEMM");
+  const std::string saved = old ? old : "";
+  unsetenv("KESTREL_PREFILL_GEMM");
+  EXPECT_EQ(prefill_gemm_choice_from_env(), C::Auto);
+  setenv("KESTREL_PREFILL_GEMM", "pipe", 1);
+  EXPECT_EQ(prefill_gemm_choice_from_env(), C::Pipe);
+  setenv("KESTREL_PREFILL_GEMM", "reg", 1);
+  EXPECT_EQ(prefill_gemm_choice_from_env(), C::Reg);
+  setenv("KESTREL_PREFILL_GEMM", "wgmma", 1);
+  EXPECT_THROW(prefill_gemm_choice_from_env(), Error);
+  if (old) setenv("KESTREL_PREFILL_GEMM", saved.c_str(), 1);
+  else unsetenv("KESTREL_PREFILL_GEMM");
+}
+
 // The Pipe GEMM kernel (prefill_pipe.cu) on the Split route: every projection it takes (Q4 and
 // bf16 with K % 512 == 0; the Q8 router stays on Reg) through the whole prompt driver, then decode.
 TEST(PrefillE2E, PipeKernelQ4AndBf16) {
@@ -258,7 +284,7 @@ TEST(PrefillE2E, PipeKernelQ4AndBf16) {
     cpu::CpuBackend cpu_b(random_weights(c, f, rf, seed), 0);
     auto gpu_b = make_cuda_backend(random_weights(c, f, rf, seed), BackendOptions{});
     set_prefill_aprec(*gpu_b, PrefillAPrec::Split);
-    set_prefill_gemm_kernel(*gpu_b, PrefillGemmKernel::Pipe);
+    set_prefill_gemm_choice(*gpu_b, PrefillGemmChoice::Pipe);
     const std::string what = fmt::format("random {}, pipe kernel", wformat_name(f));
     check_prompts(cpu_b, *gpu_b, what, seed + 100);
     check_prefill_then_decode(cpu_b, *gpu_b, what, seed + 200);
