@@ -5,7 +5,8 @@
 # hand from the repo root:
 #   bash tools/device/prefill_bench.sh            # KESTREL_BIN defaults to build-gpu/kestrel
 # The q4 short prompts on both GEMM routes (split, f16), the rest on split (the default) unless APREC is set;
-# the split route on both of its GEMM kernels (reg, pipe) unless GEMM is set. Order: the short prompts of both formats first, then 32K, then 128K, one process each (the
+# the short prompts' split route on both of its GEMM kernels (reg, pipe), the long ones on the
+# default choice (auto: pipe for 8K chunks), unless GEMM is set. Order: the short prompts of both formats first, then 32K, then 128K, one process each (the
 # synthetic model is rebuilt per process, a few seconds), so that an outer time limit cuts the
 # longest runs and keeps the records already written.
 set -uo pipefail
@@ -22,12 +23,12 @@ run() {  # weights prompts timeout_s
     echo "prefill_bench: $1 $2 failed or timed out (rc $?)"; rc=1; }
   echo "prefill_bench: $1 $2 took $(( $(date +%s) - t0 )) s"
 }
-run q4 512,4096 60                                  # both routes (APREC default: both)
+run q4 512,1024,2048,4096 60                        # both routes (APREC default: both)
 APREC=f16 GEMM=reg KESTREL_PREFILL_MOE_BM=64 run q4 4096 60  # the F16 route with 64-row expert tiles
 APREC=${APREC:-split} run bf16 512,4096 60
-APREC=${APREC:-split} run q4 32768 60
-APREC=${APREC:-split} run bf16 32768 60
-APREC=${APREC:-split} run q4 131072 150
-[ "${SKIP_BF16_128K:-0}" = 1 ] || APREC=${APREC:-split} run bf16 131072 150
+APREC=${APREC:-split} GEMM=${GEMM:-auto} run q4 32768 60
+APREC=${APREC:-split} GEMM=${GEMM:-auto} run bf16 32768 60
+APREC=${APREC:-split} GEMM=${GEMM:-auto} run q4 131072 150
+[ "${SKIP_BF16_128K:-0}" = 1 ] || APREC=${APREC:-split} GEMM=${GEMM:-auto} run bf16 131072 150
 ls -la "$RES"/prefill-*.json 2>/dev/null
 exit $rc
