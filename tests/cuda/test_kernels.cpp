@@ -4,6 +4,7 @@
 #include "util.h"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 
 namespace kestrel::cuda::test {
@@ -433,6 +434,30 @@ struct MoeCase {
   int depth = 1;  // tiles in flight per tensor-core gate/up block (moe_gate_up_depth)
 };
 
+struct MoeExpertSet {
+  std::unique_ptr<HostMat> gate, up, down;
+  std::unique_ptr<DevMat> dG, dU, dD;
+};
+
+std::map<std::pair<int, int>, MoeExpertSet>& moe_expert_sets() {  // cleared by the tests that fill it
+  static std::map<std::pair<int, int>, MoeExpertSet> sets;
+  return sets;
+}
+
+const MoeExpertSet& moe_expert_set(int E, WFormat f, int64_t H, int64_t I) {
+  MoeExpertSet& s = moe_expert_sets()[{E, int(f)}];
+  if (!s.gate) {
+    std::mt19937 g(7000u + uint32_t(E) * 8u + uint32_t(f));
+    s.gate = make_mat(f, E * I, H, g);
+    s.up = make_mat(f, E * I, H, g);
+    s.down = make_mat(f, E * H, I, g);
+    s.dG = to_dev(s.gate->m);
+    s.dU = to_dev(s.up->m);
+    s.dD = to_dev(s.down->m);
+  }
+  return s;
+}
+
 void run_moe(const MoeCase& c, uint32_t seed) {
   std::mt19937 g(seed);
   const int64_t H = 2048, I = 512, Is = 512;
@@ -443,8 +468,13 @@ void run_moe(const MoeCase& c, uint32_t seed) {
   cfg.moe_intermediate_size = int(I);
   cfg.shared_expert_intermediate_size = int(Is);
   auto router = make_mat(c.fr, c.E, H, g, 0.5f);  // wide logits: a clear top-k
-  auto gate = make_mat(c.f, c.E * I, H, g), up = make_mat(c.f, c.E * I, H, g),
-       down = make_mat(c.f, c.E * H, I, g);
+  // The experts' weights (805 M values at E = 256) are built once per (E, format) and shared by
+  // every case of that kind: building them took most of this test's time. The router, the inputs
+  // and the shared expert stay per case, so each case still routes to its own experts.
+  const MoeExpertSet& es = moe_expert_set(c.E, c.f, H, I);
+  const HostMat* gate = es.gate.get();
+  const HostMat* up = es.up.get();
+  const HostMat* down = es.down.get();
   auto sgm = make_mat(c.f, Is, H, g), sum = make_mat(c.f, Is, H, g), sdm = make_mat(c.f, H, Is, g);
   auto seg = make_mat(c.fr, 1, H, g);
   MoeWeights w;
@@ -466,8 +496,10 @@ void run_moe(const MoeCase& c, uint32_t seed) {
   std::vector<float> want = x;
   for (int64_t i = 0; i < H; ++i) want[size_t(i)] += out[size_t(i)];
 
-  auto dR = to_dev(router->m), dG = to_dev(gate->m), dU = to_dev(up->m), dD = to_dev(down->m),
-       dSG = to_dev(sgm->m), dSU = to_dev(sum->m), dSD = to_dev(sdm->m), dSE = to_dev(seg->m);
+  const DevMat* dG = es.dG.get();
+  const DevMat* dU = es.dU.get();
+  const DevMat* dD = es.dD.get();
+  auto dR = to_dev(router->m), dSG = to_dev(sgm->m), dSU = to_dev(sum->m), dSD = to_dev(sdm->m), dSE = to_dev(seg->m);
   auto dx = to_dev(x), dnw = to_dev(nw);
   auto dl = poisoned(size_t(c.E)), dsg = poisoned(size_t(Is)), dsu = poisoned(size_t(Is)),
        dse = poisoned(1), dh = poisoned(size_t(H)), dact = poisoned(size_t(c.topk * I));
@@ -577,7 +609,14 @@ void run_moe(const MoeCase& c, uint32_t seed) {
   EXPECT_TRUE(std::is_sorted(idx.begin(), idx.end())) << wh << ": experts not in ascending order";
 }
 
-TEST(CudaMoe, DecodeMatchesCpu) {
+// The decode MoE cases, in five tests so that each one's time shows; the expert weight sets they
+// share are freed after each (the full-size benchmark tests need the memory).
+class CudaMoeDecode : public ::testing::Test {
+ protected:
+  void TearDown() override { moe_expert_sets().clear(); }
+};
+
+TEST_F(CudaMoeDecode, MatchesCpu) {
   REQUIRE_GPU();
   for (bool fused : {false, true}) {
     uint32_t seed = 500;
@@ -587,30 +626,49 @@ TEST(CudaMoe, DecodeMatchesCpu) {
     run_moe({8, 2, WFormat::Q4, WFormat::Q4, fused}, seed++);
     run_moe({256, 16, WFormat::Q4, WFormat::Q8, fused}, seed++);
   }
+}
+
+TEST_F(CudaMoeDecode, RoutingPlaces) {
+  REQUIRE_GPU();
   uint32_t seed = 520;
   for (RoutePlace p : {RoutePlace::Tail, RoutePlace::Kernel, RoutePlace::GateUp})
     for (RouteAlgo al : {RouteAlgo::Warp, RouteAlgo::Block}) {
-      if (p == RoutePlace::Tail && al == RouteAlgo::Warp) continue;  // above
+      if (p == RoutePlace::Tail && al == RouteAlgo::Warp) continue;  // MatchesCpu
       run_moe({256, 8, WFormat::Q4, WFormat::Q8, false, p, al}, seed++);
       run_moe({16, 4, WFormat::BF16, WFormat::BF16, false, p, al}, seed++);
       run_moe({8, 2, WFormat::Q4, WFormat::Q4, false, p, al}, seed++);
     }
-  // q4 experts on the tensor cores, with the routing before them and inside gate/up (top-k 16:
-  // the tensor-core gate/up and the scalar down).
+}
+
+// q4 experts on the tensor cores, with the routing before them and inside gate/up (top-k 16:
+// the tensor-core gate/up and the scalar down).
+TEST_F(CudaMoeDecode, TensorCoreExperts) {
+  REQUIRE_GPU();
+  uint32_t seed = 535;
   for (RoutePlace p : {RoutePlace::Kernel, RoutePlace::GateUp}) {
     run_moe({256, 8, WFormat::Q4, WFormat::Q8, false, p, RouteAlgo::Block, true}, seed++);
     run_moe({256, 16, WFormat::Q4, WFormat::Q8, false, p, RouteAlgo::Block, true}, seed++);
     run_moe({8, 2, WFormat::Q4, WFormat::Q4, false, p, RouteAlgo::Warp, true}, seed++);
   }
-  // The tensor-core down kernel reading the selection before its wait (from the tail, the routing
-  // kernel, or gate/up's block 0 through the flag), with and without gate/up's early trigger.
+}
+
+// The tensor-core down kernel reading the selection before its wait (from the tail, the routing
+// kernel, or gate/up's block 0 through the flag), with and without gate/up's early trigger.
+TEST_F(CudaMoeDecode, EarlySelectionRead) {
+  REQUIRE_GPU();
+  uint32_t seed = 541;
   for (RoutePlace p : {RoutePlace::Tail, RoutePlace::Kernel, RoutePlace::GateUp})
     for (int early : {1, 2}) {
       run_moe({256, 8, WFormat::Q4, WFormat::Q8, false, p, RouteAlgo::Block, true, early}, seed++);
       run_moe({8, 2, WFormat::Q4, WFormat::Q4, false, p, RouteAlgo::Warp, true, early}, seed++);
     }
-  // Two tiles in flight per gate/up block: top-8 (512 tiles, about 2 per block), top-16 (1,024:
-  // both register sets reloaded), top-2 of 8 (128: one tile per block, the second set unused).
+}
+
+// Two tiles in flight per gate/up block: top-8 (512 tiles, about 2 per block), top-16 (1,024:
+// both register sets reloaded), top-2 of 8 (128: one tile per block, the second set unused).
+TEST_F(CudaMoeDecode, GateUpDepth2) {
+  REQUIRE_GPU();
+  uint32_t seed = 553;
   for (int k : {8, 16, 2})
     run_moe({k == 2 ? 8 : 256, k, WFormat::Q4, k == 2 ? WFormat::Q4 : WFormat::Q8, false, RoutePlace::GateUp,
              RouteAlgo::Block, true, k == 8 ? 2 : 0, 2},

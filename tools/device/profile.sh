@@ -5,7 +5,8 @@
 #   prefill: every kernel of one ${PROMPT:-4096}-token q4 prompt (duration only, one pass).
 # Writes $OUT/profile/{decode,prefill}_*.csv, summary_*.txt (kernel, count, total us, share).
 # Usage (repo root on the device, carry ".devdeps"): tools/device/profile.sh [--prebuilt]
-#   PARTS="decode prefill" (default both), WEIGHTS=q4
+#   PARTS="decode prefill" (default both), WEIGHTS=q4; DETAIL=1 adds full ncu sections of
+#   DETAIL_COUNT launches of DETAIL_KERNEL (regex) in the prompt
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/profile_out}
@@ -117,6 +118,20 @@ PY
     echo "ncu prefill: rc=$? in $(( $(date +%s) - T0 )) s"
     ncu --import /tmp/ncu_prefill.ncu-rep --csv --page raw > "$P/prefill_${W}_${PROMPT:-4096}.csv" 2>> "$P/prefill_ncu.err"
     summarise "$P/prefill_${W}_${PROMPT:-4096}.csv" "$P/summary_prefill_${W}_${PROMPT:-4096}.txt"
+    if [ "${DETAIL:-0}" = 1 ]; then
+      # Full sections (speed of light, pipes, warp states, instruction mix) of a few launches of
+      # ${DETAIL_KERNEL:-pipe_gemm_kernel}: what bounds the GEMM (issue, tensor pipe, shared memory).
+      T1=$(date +%s)
+      timeout 240 ncu --clock-control none --cache-control none \
+        --kernel-name regex:"${DETAIL_KERNEL:-pipe_gemm_kernel}" --launch-skip ${DETAIL_SKIP:-0} \
+        --launch-count ${DETAIL_COUNT:-8} --set full --import-source no \
+        --export /tmp/ncu_detail --force-overwrite \
+        $K bench --synthetic $W --prefill ${PROMPT:-4096} --prefill-runs 1 --out /tmp/benchres \
+        > "$P/detail_bench.log" 2> "$P/detail_ncu.err"
+      echo "ncu detail: rc=$? in $(( $(date +%s) - T1 )) s"
+      ncu --import /tmp/ncu_detail.ncu-rep --page details > "$P/detail_${W}_${PROMPT:-4096}.txt" 2>> "$P/detail_ncu.err"
+      tail -3 "$P/detail_ncu.err"
+    fi
   fi
   tail -3 "$P/${part}_ncu.err"
 done
