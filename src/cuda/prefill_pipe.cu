@@ -21,8 +21,12 @@
 //
 // Tiles: 128 x 128 x 64, 8 warps as 4 (rows) x 2 (columns), warp tile 32 x 64 (A fragments
 // reused over 8 column tiles: the split A is twice the bytes of W's bf16). Q4 keeps the k-tile's
-// integer products apart and folds them in as acc += s P + b sum(A) (as prefill_gemm.cu); the
-// scales, biases and A sums come in chunks of 8 k-tiles (16 / 32 bytes per row), so K % 512 == 0.
+// integer products apart and folds them in as acc += s P per W row and k-tile; the biases' share,
+// sum_g b[n, g] sum(A)[m, g], is a small MMA GEMM over the K / 64 groups before the main loop
+// (sums split hi + lo). Each thread converts the 16 Q4 bytes it copied into exact bf16 integers in
+// the B fragments' order once per block (one tile ahead, into a double buffer), so the warps read
+// B with ldmatrix instead of each converting its 64 columns (4 warps share a column half). The
+// scales come in chunks of 8 k-tiles (16 bytes per row), so K % 512 == 0.
 #include "cuda/common.cuh"
 #include "cuda/prefill.h"
 #include "cuda/prefill_mma.h"
@@ -33,21 +37,19 @@ namespace kestrel::cuda {
 namespace {
 
 constexpr int BM = 128, BN = 128, BK = 64, kStages = 4, kThreads = 256;
-constexpr int kChunkTiles = 8;  // k-tiles per chunk of Q4 scales/biases and A sums
+constexpr int kChunkTiles = 8;  // k-tiles per chunk of Q4 scales
 
 // Shared memory (bytes): per stage A hi, A lo (128 rows x 128 B) and W (128 rows x 32 B Q4 or
-// 128 B bf16); then, Q4 only, two chunk buffers of scales and biases (bf16 [BN][8]) and of A sums
-// (fp32 [BM][12]: 48-byte rows, conflict-free across a quad's 8 rows).
+// 128 B bf16); then, Q4 only, two buffers of converted W tiles (bf16 [BN][64], the MMA's order,
+// swizzled as A) and two chunk buffers of scales (bf16 [BN][8]).
 template <DFmt F>
 struct PipeLayout {
   static constexpr int kWRow = F == DFmt::Q4 ? 32 : 128;
   static constexpr int kA = BM * 128, kW = BN * kWRow;
   static constexpr int kStage = 2 * kA + kW;
-  static constexpr int kScales = kStages * kStage;        // [2][BN][8] bf16
-  static constexpr int kBiases = kScales + 2 * BN * 16;  // [2][BN][8] bf16
-  static constexpr int kSums = kBiases + 2 * BN * 16;    // [2][BM][12] fp32
-  static constexpr int kSumRow = 12;
-  static constexpr int kBytes = F == DFmt::Q4 ? kSums + 2 * BM * kSumRow * 4 : kStages * kStage;
+  static constexpr int kB16 = kStages * kStage;        // [2][BN][128 B]
+  static constexpr int kScales = kB16 + 2 * BN * 128;  // [2][BN][8] bf16
+  static constexpr int kBytes = F == DFmt::Q4 ? kScales + 2 * BN * 16 : kStages * kStage;
 };
 
 // Byte offset of 16-byte chunk c of row r (XOR swizzles: conflict-free ldmatrix / 16-byte reads).
@@ -137,22 +139,20 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
     w_ok[i] = w.ok;
     w_src[i] = static_cast<const uint8_t*>(w.m->data) + w.row * (QW ? K / 2 : K * 2) + 16 * c;
   }
-  // Q4 chunks: scales (tid < 128) or biases (tid >= 128) of row tid & 127; A sums of row tid >> 1,
-  // half tid & 1.
-  const uint16_t* sb_src = nullptr;
-  bool sb_ok = false;
-  int64_t sum_src = 0;
-  bool sum_ok = false;
+  // Q4 scale chunks: threads tid < 128 copy row tid's.
+  const uint16_t* sc_src = nullptr;
+  bool sc_ok = false;
   if constexpr (QW) {
-    const WRow w = w_row(tid & 127);
-    sb_ok = w.ok;
-    sb_src = (tid < 128 ? w.m->scales : w.m->biases) + w.row * KG;
-    sum_src = a_row(tid >> 1, sum_ok) * KG + 4 * (tid & 1);
+    if (tid < BN) {
+      const WRow w = w_row(tid);
+      sc_ok = w.ok;
+      sc_src = w.m->scales + w.row * KG;
+    }
   }
   const uint8_t* ahi = reinterpret_cast<const uint8_t*>(p.pipe.hi);
   const uint8_t* alo = reinterpret_cast<const uint8_t*>(p.pipe.lo);
 
-  auto load_stage = [&](int kt) {
+  auto load_a = [&](int kt) {
     const uint32_t st = sbase + uint32_t((kt % kStages) * L::kStage);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -161,24 +161,39 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
       pf::cp_async16(st + a_off(r, ac), ahi + off, a_ok[i]);
       pf::cp_async16(st + L::kA + a_off(r, ac), alo + off, a_ok[i]);
     }
+  };
+  auto load_w = [&](int kt) {
+    const uint32_t st = sbase + uint32_t((kt % kStages) * L::kStage + 2 * L::kA);
 #pragma unroll
     for (int i = 0; i < WN; ++i) {
       const int r = QW ? tid >> 1 : (tid >> 3) + 32 * i;
       const int off = QW ? wq_off(r, tid & 1) : wb_off(r, tid & 7);
-      pf::cp_async16(st + 2 * L::kA + off, w_src[i] + size_t(kt) * (QW ? 32 : 128), w_ok[i]);
+      pf::cp_async16(st + off, w_src[i] + size_t(kt) * (QW ? 32 : 128), w_ok[i]);
     }
     if constexpr (QW) {
-      if (kt % kChunkTiles == 0) {
-        const int cb = (kt / kChunkTiles) & 1;
-        const uint32_t dst = sbase + uint32_t((tid < 128 ? L::kScales : L::kBiases) + cb * BN * 16 +
-                                              (tid & 127) * 16);
-        pf::cp_async16(dst, sb_src + kt, sb_ok);
-        pf::cp_async16(sbase + uint32_t(L::kSums + (cb * BM + (tid >> 1)) * L::kSumRow * 4 + (tid & 1) * 16),
-             p.pipe.sum + sum_src + kt, sum_ok);
-      }
+      if (kt % kChunkTiles == 0 && tid < BN)
+        pf::cp_async16(sbase + uint32_t(L::kScales + ((kt / kChunkTiles) & 1) * BN * 16 + tid * 16),
+                       sc_src + kt, sc_ok);
     }
   };
+  // Q4: this thread's 16 bytes of W tile kt (32 codes of row tid >> 1, k 32 (tid & 1) ..) as exact
+  // bf16 integers into converted buffer kt & 1, in the order the MMA's B fragments take: chunk
+  // 4 cc + 2 s + hf of a row holds R_{2s+hf} of the 4 words (one per thread of a quad), so that
+  // one ldmatrix.x4 gives a column tile's (b0, b1) of both k16-slices of 32 k.
+  auto convert_w = [&](int kt) {
+    const int r = tid >> 1, cc = tid & 1;
+    const uint4 u = *reinterpret_cast<const uint4*>(smem + (kt % kStages) * L::kStage + 2 * L::kA +
+                                                    wq_off(r, cc));
+    uint8_t* dst = smem + L::kB16 + (kt & 1) * BN * 128;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      *reinterpret_cast<uint4*>(dst + a_off(r, 4 * cc + j)) =
+          make_uint4(q4_pair(u.x, j), q4_pair(u.y, j), q4_pair(u.z, j), q4_pair(u.w, j));
+  };
 
+  // A warp whose 32 rows all lie past the tile's last row (a group's partial last tile) only
+  // copies and converts: its MMAs would multiply zeros into rows nobody stores.
+  const bool warp_live = m0 + wm * 32 < m_end;
   float acc[2][8][4];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -187,48 +202,91 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
 
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < KT) load_stage(s);
+  if constexpr (QW) {
+    load_w(0);  // group P: W tile 0; then group j = A tile j + W tile j + 1 (W runs one ahead)
     pf::cp_async_commit();
   }
-  for (int kt = 0; kt < KT; ++kt) {
-    pf::cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile kt has landed for every thread; tile kt - 1's buffer is free
-    if (kt + kStages - 1 < KT) load_stage(kt + kStages - 1);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < KT) load_a(s);
+    if (s + int(QW) < KT) load_w(s + int(QW));
     pf::cp_async_commit();
+  }
+  if constexpr (QW) {
+    // The biases' share of the fold, sum_g b[n, g] sum(A)[m, g], as a small MMA GEMM over the
+    // K / 64 groups (padded to 16) while the first tiles load: the sums split hi + lo like A, the
+    // bf16 biases exact, so the products are those of the per-tile fold up to accumulation order.
+    const float* sum = p.pipe.sum;
+    int64_t srow[2][2];
+    bool sok[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) srow[mt][h] = a_row(wm * 32 + 16 * mt + g + 8 * h, sok[mt][h]) * KG;
+    const uint16_t* brow[8];
+    bool bok[8];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const WRow w = w_row(wn * 64 + 8 * nt + g);
+      bok[nt] = w.ok;
+      brow[nt] = w.m->biases + w.row * KG;
+    }
+    for (int k0 = 0; k0 < KG; k0 += 16) {
+      uint32_t sh[2][4], sl[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int h = q & 1;
+          const int64_t kk = k0 + 2 * t + 8 * (q >> 1);
+          float2 v = make_float2(0.f, 0.f);
+          if (sok[mt][h] && kk < KG) v = *reinterpret_cast<const float2*>(sum + srow[mt][h] + kk);
+          sh[mt][q] = pf::pack_bf16(v.x, v.y);
+          sl[mt][q] = pf::pack_bf16(v.x - pf::bf16_lo(sh[mt][q]), v.y - pf::bf16_hi(sh[mt][q]));
+        }
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const int64_t kk = k0 + 2 * t;
+        const bool ok0 = bok[nt] && kk < KG, ok1 = bok[nt] && kk + 8 < KG;
+        const uint32_t b0 = ok0 ? *reinterpret_cast<const uint32_t*>(brow[nt] + kk) : 0u;
+        const uint32_t b1 = ok1 ? *reinterpret_cast<const uint32_t*>(brow[nt] + kk + 8) : 0u;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          pf::mma_bf16(acc[mt][nt], sh[mt], b0, b1);
+          pf::mma_bf16(acc[mt][nt], sl[mt], b0, b1);
+        }
+      }
+    }
+    pf::cp_async_wait<kStages - 1>();  // group P (W tile 0) has landed for this thread
+    convert_w(0);
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    pf::cp_async_wait<kStages - 2>();  // A tile kt (and, Q4, W tile kt + 1) of this thread landed
+    __syncthreads();  // ... for every thread; tile kt - 1's buffers (and converted W) are free
+    {
+      const int j = kt + kStages - 1;
+      if (j < KT) load_a(j);
+      if (j + int(QW) < KT) load_w(j + int(QW));
+      pf::cp_async_commit();
+    }
+    if constexpr (QW) {
+      if (kt + 1 < KT) convert_w(kt + 1);
+    }
     const uint8_t* st = smem + (kt % kStages) * L::kStage;
     const uint8_t* sa = st;
     const uint8_t* sl = st + L::kA;
-    const uint8_t* sw = st + 2 * L::kA;
+    const uint8_t* sw = QW ? smem + L::kB16 + (kt & 1) * BN * 128 : st + 2 * L::kA;
 
-    float tq[2][8][4];  // (bf16 W: unused, eliminated)
-    if constexpr (QW) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) tq[i][j][e] = 0.f;
-    }
+    if (!warp_live) continue;  // (after the barrier, the copies and the conversion)
+    float tq[2][8][4];  // Q4: the k-tile's integer products (bf16 W: unused, eliminated)
     float(&dst)[2][8][4] = QW ? tq : acc;
 #pragma unroll
     for (int cc = 0; cc < 2; ++cc) {  // 32 k (16 bytes of a Q4 row)
-      uint32_t bq[8][4];  // per column tile: R_0..R_3
+      uint32_t bq[8][4];  // per column tile: (b0, b1) of k16-slice 2 cc, then of 2 cc + 1
       if constexpr (QW) {
-        uint32_t wq[8];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = wn * 64 + 32 * h + 8 * (lane >> 3) + (lane & 7);
-          uint32_t v[4];
-          pf::ldsm_x4(v, sw + wq_off(r, cc));
-#pragma unroll
-          for (int j = 0; j < 4; ++j) wq[4 * h + j] = v[j];
-        }
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) bq[nt][j] = q4_pair(wq[nt], j);
+          pf::ldsm_x4(bq[nt], sw + a_off(wn * 64 + 8 * nt + (lane & 7), 4 * cc + (lane >> 3)));
       } else {
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
@@ -254,33 +312,26 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
         for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
-            pf::mma_bf16(dst[mt][nt], ah[mt], bq[nt][2 * s], bq[nt][2 * s + 1]);
+            if (QW && ks == 0) pf::mma_bf16_zc(dst[mt][nt], ah[mt], bq[nt][2 * s], bq[nt][2 * s + 1]);
+            else pf::mma_bf16(dst[mt][nt], ah[mt], bq[nt][2 * s], bq[nt][2 * s + 1]);
             pf::mma_bf16(dst[mt][nt], al[mt], bq[nt][2 * s], bq[nt][2 * s + 1]);
           }
       }
     }
-    if constexpr (QW) {  // acc += s * (q . A) + b * sum(A), per W row (column) and A row
-      const int cb = (kt / kChunkTiles) & 1, ci = kt % kChunkTiles;
-      const uint16_t* ss = reinterpret_cast<const uint16_t*>(smem + L::kScales) + cb * BN * 8;
-      const uint16_t* sbi = reinterpret_cast<const uint16_t*>(smem + L::kBiases) + cb * BN * 8;
-      const float* su = reinterpret_cast<const float*>(smem + L::kSums) + cb * BM * L::kSumRow;
-      float rs[2][2];
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) rs[mt][h] = su[(wm * 32 + 16 * mt + g + 8 * h) * L::kSumRow + ci];
+    if constexpr (QW) {  // acc += s * (q . A), per W row (column); the biases' share came first
+      const uint16_t* ss =
+          reinterpret_cast<const uint16_t*>(smem + L::kScales) + ((kt / kChunkTiles) & 1) * BN * 8;
+      const int ci = kt % kChunkTiles;
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int n = wn * 64 + 8 * nt + 2 * t + e;
-          const float cs = bf16_bits_to_f32(ss[n * 8 + ci]), cbias = bf16_bits_to_f32(sbi[n * 8 + ci]);
+          const float cs = bf16_bits_to_f32(ss[(wn * 64 + 8 * nt + 2 * t + e) * 8 + ci]);
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-              acc[mt][nt][2 * h + e] =
-                  fmaf(cs, tq[mt][nt][2 * h + e], fmaf(cbias, rs[mt][h], acc[mt][nt][2 * h + e]));
+              acc[mt][nt][2 * h + e] = fmaf(cs, tq[mt][nt][2 * h + e], acc[mt][nt][2 * h + e]);
         }
     }
   }
