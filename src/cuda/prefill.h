@@ -49,6 +49,11 @@ constexpr float kF16Max = 65504.f;
 //         weights folded in per group) up to accumulation order. Q4 and bf16 weights with
 //         K % 512 == 0 only (prefill_pipe_supports); the caller gives the split A (PrefillGemmArgs::pipe).
 enum class PrefillGemmKernel : uint8_t { Reg, Pipe };
+// The Pipe kernel's tensor-core instruction for Q4 weights: wgmma (two warpgroups of 64 x 128,
+// the default) or mma.sync (8 warps of 32 x 64; bf16 weights always take it). KESTREL_PIPE_MMA =
+// wgmma | sync, read at each launch (so that tests cover both); anything else is an error.
+enum class PipeMma : uint8_t { Wgmma, Sync };
+PipeMma prefill_pipe_q4_mma();
 constexpr int kPipeBM = 128;  // rows per tile of the Pipe kernel (grouped: moe_route's bm)
 inline bool prefill_pipe_supports(DFmt f, int64_t K) {
   return (f == DFmt::Q4 || f == DFmt::BF16) && K % 512 == 0;

@@ -30,6 +30,7 @@
 #include "cuda/common.cuh"
 #include "cuda/prefill.h"
 #include "cuda/prefill_mma.h"
+#include "cuda/wgmma.cuh"
 
 #include <mutex>
 
@@ -67,15 +68,61 @@ __device__ __forceinline__ uint32_t q4_pair(uint32_t w, int j) {
   return r;
 }
 
-template <DFmt F, bool SILU>
+// The tile's output: pair (v0, v1) at row m (block-local row bound m_end), columns col, col + 1.
+__device__ __forceinline__ void store_pair(const PrefillGemmArgs& p, int64_t m, int64_t col, float v0,
+                                           float v1) {
+  const int64_t crow = p.c_rows ? int64_t(p.c_rows[m]) : m;
+  if (p.row_scale) {
+    const float sc = p.row_scale[crow];
+    v0 *= sc;
+    v1 *= sc;
+  }
+  const bool vec2 = (p.ldc & 1) == 0;
+  if (p.C16) {
+    uint16_t* c16 = p.C16 + crow * p.ldc;
+    if (col + 1 < p.N && vec2) {
+      *reinterpret_cast<uint32_t*>(c16 + col) = pf::pack_bf16(v0, v1);
+    } else {
+      if (col < p.N) c16[col] = __bfloat16_as_ushort(__float2bfloat16_rn(v0));
+      if (col + 1 < p.N) c16[col + 1] = __bfloat16_as_ushort(__float2bfloat16_rn(v1));
+    }
+    return;
+  }
+  float* c = p.C + crow * p.ldc;
+  const bool residual = p.epi == GemmEpi::Residual;
+  if (col + 1 < p.N && vec2) {
+    float2* q = reinterpret_cast<float2*>(c + col);
+    if (residual) {
+      const float2 o = *q;
+      v0 += o.x;
+      v1 += o.y;
+    }
+    *q = make_float2(v0, v1);
+  } else {
+    if (col < p.N) c[col] = residual ? c[col] + v0 : v0;
+    if (col + 1 < p.N) c[col + 1] = residual ? c[col + 1] + v1 : v1;
+  }
+}
+
+// WG = false: mma.sync, 8 warps as 4 (rows) x 2 (columns) of 32 x 64; WG = true (Q4 only): wgmma,
+// 2 warpgroups of 64 rows x 128 columns. acc[i][nt][4] is, per thread, the m16n8 fragment of
+// rows RB(i) + g + 8 h and columns 64 half(i) + 8 nt + 2 t + e (SiLU: 32 half(i) + ... of the
+// gate, nt < 4, and the up, nt + 4, of the same outputs), with
+//   mma.sync: RB(i) = 32 wm + 16 i, half(i) = wn;   wgmma: RB(i) = 64 wg + 16 (warp % 4), half(i) = i.
+template <DFmt F, bool SILU, bool WG>
 __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGemmArgs p) {
   using L = PipeLayout<F>;
   constexpr bool QW = F == DFmt::Q4;
-  extern __shared__ __align__(128) uint8_t smem[];
+  static_assert(QW || !WG, "the wgmma kernel takes Q4 weights");
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // wgmma's swizzled tiles need 1024-byte aligned bases (the launch adds the slack).
+  uint8_t* smem = smem_raw + ((1024 - (pf::smem_u32(smem_raw) & 1023)) & 1023);
   const uint32_t sbase = pf::smem_u32(smem);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wm = warp >> 1, wn = warp & 1;
+  const int wm = warp >> 1, wn = warp & 1, wg = warp >> 2;
   const int g = lane >> 2, t = lane & 3;
+  auto rbase = [&](int i) { return WG ? 64 * wg + 16 * (warp & 3) : 32 * wm + 16 * i; };
+  auto half = [&](int i) { return WG ? i : wn; };
 
   int64_t m0, m_end, grp = 0;
   if (p.groups > 0) {
@@ -110,7 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
   auto w_row = [&](int r) -> WRow {  // weight row of shared W row r
     int64_t col;
     bool up = false;
-    if constexpr (SILU) {  // warp column r >> 6: rows +0 .. +31 gate, +32 .. +63 up of 32 outputs
+    if constexpr (SILU) {  // column half r >> 6: rows +0 .. +31 gate, +32 .. +63 up of 32 outputs
       const int within = r & 63;
       col = int64_t(blockIdx.x) * 64 + 32 * (r >> 6) + (within & 31);
       up = within >= 32;
@@ -177,9 +224,10 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
     }
   };
   // Q4: this thread's 16 bytes of W tile kt (32 codes of row tid >> 1, k 32 (tid & 1) ..) as exact
-  // bf16 integers into converted buffer kt & 1, in the order the MMA's B fragments take: chunk
-  // 4 cc + 2 s + hf of a row holds R_{2s+hf} of the 4 words (one per thread of a quad), so that
-  // one ldmatrix.x4 gives a column tile's (b0, b1) of both k16-slices of 32 k.
+  // bf16 integers into converted buffer kt & 1, in A's permuted k order: chunk 4 cc + j of a row
+  // holds R_j of the 4 words (one per thread of a quad), i.e. position 32 cc + 8 j + 2 t' + e holds
+  // k = 32 cc + 8 t' + j + 4 e, as A_perm. So the buffer is a plain K-major operand (wgmma) and one
+  // ldmatrix.x4 gives a column tile's (b0, b1) of both k16-slices of 32 k (mma.sync).
   auto convert_w = [&](int kt) {
     const int r = tid >> 1, cc = tid & 1;
     const uint4 u = *reinterpret_cast<const uint4*>(smem + (kt % kStages) * L::kStage + 2 * L::kA +
@@ -191,9 +239,9 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
           make_uint4(q4_pair(u.x, j), q4_pair(u.y, j), q4_pair(u.z, j), q4_pair(u.w, j));
   };
 
-  // A warp whose 32 rows all lie past the tile's last row (a group's partial last tile) only
-  // copies and converts: its MMAs would multiply zeros into rows nobody stores.
-  const bool warp_live = m0 + wm * 32 < m_end;
+  // A warp (warpgroup) whose rows all lie past the tile's last row (a group's partial last tile)
+  // only copies and converts: its MMAs would multiply zeros into rows nobody stores.
+  const bool warp_live = m0 + (WG ? 64 * wg : 32 * wm) < m_end;
   float acc[2][8][4];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
@@ -217,43 +265,29 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
     // K / 64 groups (padded to 16) while the first tiles load: the sums split hi + lo like A, the
     // bf16 biases exact, so the products are those of the per-tile fold up to accumulation order.
     const float* sum = p.pipe.sum;
-    int64_t srow[2][2];
-    bool sok[2][2];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) srow[mt][h] = a_row(wm * 32 + 16 * mt + g + 8 * h, sok[mt][h]) * KG;
-    const uint16_t* brow[8];
-    bool bok[8];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const WRow w = w_row(wn * 64 + 8 * nt + g);
-      bok[nt] = w.ok;
-      brow[nt] = w.m->biases + w.row * KG;
-    }
     for (int k0 = 0; k0 < KG; k0 += 16) {
-      uint32_t sh[2][4], sl[2][4];
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int i = 0; i < 2; ++i) {
+        uint32_t sh[4], sl[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          const int h = q & 1;
           const int64_t kk = k0 + 2 * t + 8 * (q >> 1);
+          bool ok;
+          const int64_t srow = a_row(rbase(i) + g + 8 * (q & 1), ok) * KG;
           float2 v = make_float2(0.f, 0.f);
-          if (sok[mt][h] && kk < KG) v = *reinterpret_cast<const float2*>(sum + srow[mt][h] + kk);
-          sh[mt][q] = pf::pack_bf16(v.x, v.y);
-          sl[mt][q] = pf::pack_bf16(v.x - pf::bf16_lo(sh[mt][q]), v.y - pf::bf16_hi(sh[mt][q]));
+          if (ok && kk < KG) v = *reinterpret_cast<const float2*>(sum + srow + kk);
+          sh[q] = pf::pack_bf16(v.x, v.y);
+          sl[q] = pf::pack_bf16(v.x - pf::bf16_lo(sh[q]), v.y - pf::bf16_hi(sh[q]));
         }
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt) {
-        const int64_t kk = k0 + 2 * t;
-        const bool ok0 = bok[nt] && kk < KG, ok1 = bok[nt] && kk + 8 < KG;
-        const uint32_t b0 = ok0 ? *reinterpret_cast<const uint32_t*>(brow[nt] + kk) : 0u;
-        const uint32_t b1 = ok1 ? *reinterpret_cast<const uint32_t*>(brow[nt] + kk + 8) : 0u;
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          pf::mma_bf16(acc[mt][nt], sh[mt], b0, b1);
-          pf::mma_bf16(acc[mt][nt], sl[mt], b0, b1);
+        for (int nt = 0; nt < 8; ++nt) {
+          const WRow w = w_row(64 * half(i) + 8 * nt + g);
+          const uint16_t* brow = w.m->biases + w.row * KG;
+          const int64_t kk = k0 + 2 * t;
+          const uint32_t b0 = w.ok && kk < KG ? *reinterpret_cast<const uint32_t*>(brow + kk) : 0u;
+          const uint32_t b1 = w.ok && kk + 8 < KG ? *reinterpret_cast<const uint32_t*>(brow + kk + 8) : 0u;
+          pf::mma_bf16(acc[i][nt], sh, b0, b1);
+          pf::mma_bf16(acc[i][nt], sl, b0, b1);
         }
       }
     }
@@ -262,6 +296,7 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
   }
   for (int kt = 0; kt < KT; ++kt) {
     pf::cp_async_wait<kStages - 2>();  // A tile kt (and, Q4, W tile kt + 1) of this thread landed
+    if constexpr (WG) wg::fence_proxy_async();  // ... and, with its conversion, is wgmma's to read
     __syncthreads();  // ... for every thread; tile kt - 1's buffers (and converted W) are free
     {
       const int j = kt + kStages - 1;
@@ -269,53 +304,72 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
       if (j + int(QW) < KT) load_w(j + int(QW));
       pf::cp_async_commit();
     }
-    if constexpr (QW) {
-      if (kt + 1 < KT) convert_w(kt + 1);
-    }
     const uint8_t* st = smem + (kt % kStages) * L::kStage;
-    const uint8_t* sa = st;
-    const uint8_t* sl = st + L::kA;
     const uint8_t* sw = QW ? smem + L::kB16 + (kt & 1) * BN * 128 : st + 2 * L::kA;
-
-    if (!warp_live) continue;  // (after the barrier, the copies and the conversion)
     float tq[2][8][4];  // Q4: the k-tile's integer products (bf16 W: unused, eliminated)
-    float(&dst)[2][8][4] = QW ? tq : acc;
+    if constexpr (WG) {
+      // 4 k16 steps x (hi, lo) of 64 x 128, issued before this thread converts tile kt + 1.
+      auto& d = reinterpret_cast<float(&)[16][4]>(tq);
+      if (warp_live) {
+        wg::fence();
+        const uint32_t a_hi = pf::smem_u32(st) + uint32_t(wg * 64 * 128);
+        const uint32_t b = pf::smem_u32(sw);
 #pragma unroll
-    for (int cc = 0; cc < 2; ++cc) {  // 32 k (16 bytes of a Q4 row)
-      uint32_t bq[8][4];  // per column tile: (b0, b1) of k16-slice 2 cc, then of 2 cc + 1
-      if constexpr (QW) {
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-          pf::ldsm_x4(bq[nt], sw + a_off(wn * 64 + 8 * nt + (lane & 7), 4 * cc + (lane >> 3)));
-      } else {
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          const int r = wn * 64 + 8 * nt + g;
-          const uint4 u = *reinterpret_cast<const uint4*>(sw + wb_off(r, 4 * cc + t));
-          bq[nt][0] = __byte_perm(u.x, u.z, 0x5410);  // (e0, e4)
-          bq[nt][1] = __byte_perm(u.x, u.z, 0x7632);  // (e1, e5)
-          bq[nt][2] = __byte_perm(u.y, u.w, 0x5410);  // (e2, e6)
-          bq[nt][3] = __byte_perm(u.y, u.w, 0x7632);  // (e3, e7)
+        for (int ks = 0; ks < 4; ++ks) {
+          wg::mma_m64n128k16_bf16(d, wg::desc_sw128(a_hi + 32 * ks), wg::desc_sw128(b + 32 * ks), ks > 0);
+          wg::mma_m64n128k16_bf16(d, wg::desc_sw128(a_hi + L::kA + 32 * ks), wg::desc_sw128(b + 32 * ks),
+                                  true);
         }
+        wg::commit();
       }
+      if (kt + 1 < KT) convert_w(kt + 1);
+      if (!warp_live) continue;
+      wg::wait<0>();
+    } else {
+      if constexpr (QW) {
+        if (kt + 1 < KT) convert_w(kt + 1);
+      }
+      if (!warp_live) continue;  // (after the barrier, the copies and the conversion)
+      const uint8_t* sa = st;
+      const uint8_t* sl = st + L::kA;
+      float(&dst)[2][8][4] = QW ? tq : acc;
 #pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        const int ks = 2 * cc + s;
-        uint32_t ah[2][4], al[2][4];
+      for (int cc = 0; cc < 2; ++cc) {  // 32 k (16 bytes of a Q4 row)
+        uint32_t bq[8][4];  // per column tile: (b0, b1) of k16-slice 2 cc, then of 2 cc + 1
+        if constexpr (QW) {
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          const int r = wm * 32 + 16 * mt + (lane & 15), c = 2 * ks + (lane >> 4);
-          pf::ldsm_x4(ah[mt], sa + a_off(r, c));
-          pf::ldsm_x4(al[mt], sl + a_off(r, c));
+          for (int nt = 0; nt < 8; ++nt)
+            pf::ldsm_x4(bq[nt], sw + a_off(wn * 64 + 8 * nt + (lane & 7), 4 * cc + (lane >> 3)));
+        } else {
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            const int r = wn * 64 + 8 * nt + g;
+            const uint4 u = *reinterpret_cast<const uint4*>(sw + wb_off(r, 4 * cc + t));
+            bq[nt][0] = __byte_perm(u.x, u.z, 0x5410);  // (e0, e4)
+            bq[nt][1] = __byte_perm(u.x, u.z, 0x7632);  // (e1, e5)
+            bq[nt][2] = __byte_perm(u.y, u.w, 0x5410);  // (e2, e6)
+            bq[nt][3] = __byte_perm(u.y, u.w, 0x7632);  // (e3, e7)
+          }
         }
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
+        for (int s = 0; s < 2; ++s) {
+          const int ks = 2 * cc + s;
+          uint32_t ah[2][4], al[2][4];
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt) {
-            if (QW && ks == 0) pf::mma_bf16_zc(dst[mt][nt], ah[mt], bq[nt][2 * s], bq[nt][2 * s + 1]);
-            else pf::mma_bf16(dst[mt][nt], ah[mt], bq[nt][2 * s], bq[nt][2 * s + 1]);
-            pf::mma_bf16(dst[mt][nt], al[mt], bq[nt][2 * s], bq[nt][2 * s + 1]);
+            const int r = wm * 32 + 16 * mt + (lane & 15), c = 2 * ks + (lane >> 4);
+            pf::ldsm_x4(ah[mt], sa + a_off(r, c));
+            pf::ldsm_x4(al[mt], sl + a_off(r, c));
           }
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+              if (QW && ks == 0) pf::mma_bf16_zc(dst[mt][nt], ah[mt], bq[nt][2 * s], bq[nt][2 * s + 1]);
+              else pf::mma_bf16(dst[mt][nt], ah[mt], bq[nt][2 * s], bq[nt][2 * s + 1]);
+              pf::mma_bf16(dst[mt][nt], al[mt], bq[nt][2 * s], bq[nt][2 * s + 1]);
+            }
+        }
       }
     }
     if constexpr (QW) {  // acc += s * (q . A), per W row (column); the biases' share came first
@@ -323,66 +377,37 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
           reinterpret_cast<const uint16_t*>(smem + L::kScales) + ((kt / kChunkTiles) & 1) * BN * 8;
       const int ci = kt % kChunkTiles;
 #pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
+      for (int i = 0; i < 2; ++i)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float cs = bf16_bits_to_f32(ss[(wn * 64 + 8 * nt + 2 * t + e) * 8 + ci]);
+        for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
+          for (int e = 0; e < 2; ++e) {
+            const float cs = bf16_bits_to_f32(ss[(64 * half(i) + 8 * nt + 2 * t + e) * 8 + ci]);
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-              acc[mt][nt][2 * h + e] = fmaf(cs, tq[mt][nt][2 * h + e], acc[mt][nt][2 * h + e]);
-        }
+              acc[i][nt][2 * h + e] = fmaf(cs, tq[i][nt][2 * h + e], acc[i][nt][2 * h + e]);
+          }
     }
   }
   pf::cp_async_wait<0>();  // (only empty groups can be outstanding; leave none behind)
 
-  // Epilogue: acc[mt][nt][2h + e] is row wm*32 + 16 mt + g + 8 h, column 8 nt + 2 t + e of the
-  // warp's 64 (SiLU: columns 0..31 gate and 32..63 up of the same 32 outputs).
-  const bool vec2 = (p.ldc & 1) == 0;
-  const bool residual = p.epi == GemmEpi::Residual;
+  // Epilogue (SiLU: nt < 4 the gate and nt + 4 the up of the same 32 outputs of the half).
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t m = m0 + wm * 32 + 16 * mt + g + 8 * h;
+      const int64_t m = m0 + rbase(i) + g + 8 * h;
       if (m >= m_end) continue;
-      const int64_t crow = p.c_rows ? int64_t(p.c_rows[m]) : m;
-      const float sc = p.row_scale ? p.row_scale[crow] : 1.f;
-      float* c = p.C ? p.C + crow * p.ldc : nullptr;
-      uint16_t* c16 = p.C16 ? p.C16 + crow * p.ldc : nullptr;
       constexpr int NTO = SILU ? 4 : 8;
 #pragma unroll
       for (int nt = 0; nt < NTO; ++nt) {
-        float v0, v1;
-        int64_t col;
         if constexpr (SILU) {
-          col = int64_t(blockIdx.x) * 64 + wn * 32 + nt * 8 + 2 * t;
-          v0 = silu_f(acc[mt][nt][2 * h]) * acc[mt][nt + 4][2 * h] * sc;
-          v1 = silu_f(acc[mt][nt][2 * h + 1]) * acc[mt][nt + 4][2 * h + 1] * sc;
+          const int64_t col = int64_t(blockIdx.x) * 64 + half(i) * 32 + nt * 8 + 2 * t;
+          store_pair(p, m, col, silu_f(acc[i][nt][2 * h]) * acc[i][nt + 4][2 * h],
+                     silu_f(acc[i][nt][2 * h + 1]) * acc[i][nt + 4][2 * h + 1]);
         } else {
-          col = int64_t(blockIdx.x) * BN + wn * 64 + nt * 8 + 2 * t;
-          v0 = acc[mt][nt][2 * h] * sc;
-          v1 = acc[mt][nt][2 * h + 1] * sc;
-        }
-        if (c16) {
-          if (col + 1 < p.N && vec2) {
-            *reinterpret_cast<uint32_t*>(c16 + col) = pf::pack_bf16(v0, v1);
-          } else {
-            if (col < p.N) c16[col] = __bfloat16_as_ushort(__float2bfloat16_rn(v0));
-            if (col + 1 < p.N) c16[col + 1] = __bfloat16_as_ushort(__float2bfloat16_rn(v1));
-          }
-        } else if (col + 1 < p.N && vec2) {
-          float2* q = reinterpret_cast<float2*>(c + col);
-          if (residual) {
-            const float2 o = *q;
-            v0 += o.x;
-            v1 += o.y;
-          }
-          *q = make_float2(v0, v1);
-        } else {
-          if (col < p.N) c[col] = residual ? c[col] + v0 : v0;
-          if (col + 1 < p.N) c[col + 1] = residual ? c[col + 1] + v1 : v1;
+          const int64_t col = int64_t(blockIdx.x) * BN + half(i) * 64 + nt * 8 + 2 * t;
+          store_pair(p, m, col, acc[i][nt][2 * h], acc[i][nt][2 * h + 1]);
         }
       }
     }
@@ -433,11 +458,14 @@ __global__ void pipe_split_kernel(const PipeSplitArgs a) {
 
 std::once_flag g_pipe_once;
 
-template <DFmt F, bool SILU>
+template <DFmt F>
+constexpr int kSmemBytes = PipeLayout<F>::kBytes + 1024;  // + the slack of the 1024-byte alignment
+
+template <DFmt F, bool SILU, bool WG>
 void launch(const PrefillGemmArgs& a, cudaStream_t s) {
   const unsigned gx = unsigned(SILU ? (a.N + 63) / 64 : (a.N + BN - 1) / BN);
   const unsigned gy = unsigned(a.groups > 0 ? a.max_tiles : (a.M + BM - 1) / BM);
-  pipe_gemm_kernel<F, SILU><<<dim3(gx, gy), kThreads, PipeLayout<F>::kBytes, s>>>(a);
+  pipe_gemm_kernel<F, SILU, WG><<<dim3(gx, gy), kThreads, kSmemBytes<F>, s>>>(a);
   KCUDA_LAUNCH("prefill_pipe_gemm");
 }
 
@@ -446,18 +474,26 @@ void launch(const PrefillGemmArgs& a, cudaStream_t s) {
 void prefill_pipe_init() {
   std::call_once(g_pipe_once, [] {
     const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
-    KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::Q4, false>, attr, PipeLayout<DFmt::Q4>::kBytes));
-    KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::Q4, true>, attr, PipeLayout<DFmt::Q4>::kBytes));
-    KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::BF16, false>, attr, PipeLayout<DFmt::BF16>::kBytes));
-    KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::BF16, true>, attr, PipeLayout<DFmt::BF16>::kBytes));
+    KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::Q4, false, false>, attr, kSmemBytes<DFmt::Q4>));
+    KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::Q4, true, false>, attr, kSmemBytes<DFmt::Q4>));
+    KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::Q4, false, true>, attr, kSmemBytes<DFmt::Q4>));
+    KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::Q4, true, true>, attr, kSmemBytes<DFmt::Q4>));
+    KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::BF16, false, false>, attr, kSmemBytes<DFmt::BF16>));
+    KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::BF16, true, false>, attr, kSmemBytes<DFmt::BF16>));
   });
 }
 
 void prefill_pipe_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s) {
   prefill_pipe_init();
   const bool silu = a.epi == GemmEpi::SiluMul;
-  if (a.W.fmt == DFmt::Q4) silu ? launch<DFmt::Q4, true>(a, s) : launch<DFmt::Q4, false>(a, s);
-  else silu ? launch<DFmt::BF16, true>(a, s) : launch<DFmt::BF16, false>(a, s);
+  if (a.W.fmt == DFmt::Q4) {
+    if (prefill_pipe_q4_mma() == PipeMma::Wgmma)
+      silu ? launch<DFmt::Q4, true, true>(a, s) : launch<DFmt::Q4, false, true>(a, s);
+    else
+      silu ? launch<DFmt::Q4, true, false>(a, s) : launch<DFmt::Q4, false, false>(a, s);
+  } else {
+    silu ? launch<DFmt::BF16, true, false>(a, s) : launch<DFmt::BF16, false, false>(a, s);
+  }
 }
 
 void prefill_pipe_split_launch(const PipeSplitArgs& a, cudaStream_t s) {

@@ -165,6 +165,13 @@ PrefillGemmChoice prefill_gemm_choice_from_env() {
   return PrefillGemmChoice::Pipe;
 }
 
+PipeMma prefill_pipe_q4_mma() {
+  const char* e = std::getenv("KESTREL_PIPE_MMA");
+  if (e == nullptr || *e == 0 || std::strcmp(e, "wgmma") == 0) return PipeMma::Wgmma;
+  KESTREL_CHECK(std::strcmp(e, "sync") == 0, "KESTREL_PIPE_MMA={}: expected wgmma or sync", e);
+  return PipeMma::Sync;
+}
+
 PrefillAPrec prefill_aprec_from_env() {
   const char* e = std::getenv("KESTREL_PREFILL_APREC");
   if (e == nullptr || *e == 0 || std::strcmp(e, "split") == 0) return PrefillAPrec::Split;

@@ -607,6 +607,32 @@ TEST(PrefillPipe, RejectsWhatItDoesNotTake) {
   KCUDA(cudaDeviceSynchronize());
 }
 
+// The Q4 Pipe GEMMs above run on wgmma (the default); the same shapes on the mma.sync kernel
+// (KESTREL_PIPE_MMA=sync), and the switch's refusal of anything else.
+TEST(PrefillPipe, Q4OnMmaSync) {
+  REQUIRE_GPU();
+  struct EnvGuard {
+    explicit EnvGuard(const char* v) { setenv("KESTREL_PIPE_MMA", v, 1); }
+    ~EnvGuard() { unsetenv("KESTREL_PIPE_MMA"); }
+  };
+  {
+    const EnvGuard e("bogus");
+    EXPECT_THROW(prefill_pipe_q4_mma(), Error);
+  }
+  EXPECT_EQ(prefill_pipe_q4_mma(), PipeMma::Wgmma);
+  const EnvGuard e("sync");
+  ASSERT_EQ(prefill_pipe_q4_mma(), PipeMma::Sync);
+  constexpr auto P = PrefillGemmKernel::Pipe;
+  constexpr auto S = PrefillAPrec::Split;
+  uint32_t seed = 680;
+  for (int64_t M : {1, 65, 129, 1000}) run_gemm(WFormat::Q4, M, 200, 512, GemmEpi::Store, seed++, false, S, P);
+  run_gemm(WFormat::Q4, 1000, 2048, 4096, GemmEpi::Residual, seed++, false, S, P);
+  run_gemm(WFormat::Q4, 1000, 512, 2048, GemmEpi::SiluMul, seed++, false, S, P);
+  std::mt19937 g(690);
+  const MoeSet ms(WFormat::Q4, 256, g);
+  run_moe(ms, 300, true, seed++, S, 0, P);
+}
+
 TEST(PrefillPipe, MoeBlockMatchesCpu) {
   REQUIRE_GPU();
   constexpr auto P = PrefillGemmKernel::Pipe;

@@ -130,6 +130,22 @@ PY
         > "$P/detail_bench.log" 2> "$P/detail_ncu.err"
       echo "ncu detail: rc=$? in $(( $(date +%s) - T1 )) s"
       ncu --import /tmp/ncu_detail.ncu-rep --page details > "$P/detail_${W}_${PROMPT:-4096}.txt" 2>> "$P/detail_ncu.err"
+      # Warp stall reasons per launch (cycles per issued instruction), from the raw metrics.
+      ncu --import /tmp/ncu_detail.ncu-rep --page raw --csv 2>> "$P/detail_ncu.err" | python3 -c '
+import csv, sys
+rows = list(csv.reader(sys.stdin))
+h = rows[0]
+cols = [i for i, c in enumerate(h) if "issue_stalled" in c and "not_issued" not in c]
+ni = h.index("Kernel Name"); gi = h.index("Grid Size") if "Grid Size" in h else None
+for r in rows[2:]:
+    vals = []
+    for i in cols:
+        try: vals.append((float(r[i].replace(",", "")), h[i]))
+        except ValueError: pass
+    vals.sort(reverse=True)
+    print(r[ni][:60], r[gi] if gi is not None else "")
+    for v, n in vals[:16]: print(f"   {v:8.3f}  {n}")
+' > "$P/stalls_${W}_${PROMPT:-4096}.txt"
       tail -3 "$P/detail_ncu.err"
     fi
   fi
