@@ -38,13 +38,6 @@ namespace kestrel::cuda {
 namespace {
 
 constexpr int BM = 128, BN = 128, BK = 64, kStages = 4, kThreads = 256;
-// Converted W buffers: mma.sync reads tile kt's while tile kt + 1 is converted; wgmma may still be
-// reading tile kt - 1's (its second column half), so three.
-constexpr int kB16Bufs = 3;
-// k-tiles requested ahead: mma.sync 3 (all 4 slots); wgmma 2, because a slot is refilled only
-// once both halves of its tile have been waited for, one iteration after the tile.
-template <bool WG>
-constexpr int kAhead = WG ? 2 : 3;
 constexpr int kChunkTiles = 8;  // k-tiles per chunk of Q4 scales
 
 // Shared memory (bytes): per stage A hi, A lo (128 rows x 128 B) and W (128 rows x 32 B Q4 or
@@ -55,8 +48,8 @@ struct PipeLayout {
   static constexpr int kWRow = F == DFmt::Q4 ? 32 : 128;
   static constexpr int kA = BM * 128, kW = BN * kWRow;
   static constexpr int kStage = 2 * kA + kW;
-  static constexpr int kB16 = kStages * kStage;                 // [kB16Bufs][BN][128 B]
-  static constexpr int kScales = kB16 + kB16Bufs * BN * 128;  // [2][BN][8] bf16
+  static constexpr int kB16 = kStages * kStage;        // [2][BN][128 B]
+  static constexpr int kScales = kB16 + 2 * BN * 128;  // [2][BN][8] bf16
   static constexpr int kBytes = F == DFmt::Q4 ? kScales + 2 * BN * 16 : kStages * kStage;
 };
 
@@ -239,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
     const int r = tid >> 1, cc = tid & 1;
     const uint4 u = *reinterpret_cast<const uint4*>(smem + (kt % kStages) * L::kStage + 2 * L::kA +
                                                     wq_off(r, cc));
-    uint8_t* dst = smem + L::kB16 + (kt % kB16Bufs) * BN * 128;
+    uint8_t* dst = smem + L::kB16 + (kt & 1) * BN * 128;
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       *reinterpret_cast<uint4*>(dst + a_off(r, 4 * cc + j)) =
@@ -262,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
     pf::cp_async_commit();
   }
 #pragma unroll
-  for (int s = 0; s < kAhead<WG>; ++s) {
+  for (int s = 0; s < kStages - 1; ++s) {
     if (s < KT) load_a(s);
     if (s + int(QW) < KT) load_w(s + int(QW));
     pf::cp_async_commit();
@@ -298,63 +291,40 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
         }
       }
     }
-    pf::cp_async_wait<kAhead<WG>>();  // group P (W tile 0) has landed for this thread
+    pf::cp_async_wait<kStages - 1>();  // group P (W tile 0) has landed for this thread
     convert_w(0);
   }
-  // Q4: the k-tile's integer products, tq[i] the fragments of acc[i] (bf16 W: unused, eliminated),
-  // and their fold acc[i] += s * tq[i] per W row (column); the biases' share came first.
-  float tq[2][8][4];
-  auto fold = [&](int kt, int i) {
-    const uint16_t* ss =
-        reinterpret_cast<const uint16_t*>(smem + L::kScales) + ((kt / kChunkTiles) & 1) * BN * 8;
-    const int ci = kt % kChunkTiles;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float cs = bf16_bits_to_f32(ss[(64 * half(i) + 8 * nt + 2 * t + e) * 8 + ci]);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) acc[i][nt][2 * h + e] = fmaf(cs, tq[i][nt][2 * h + e], acc[i][nt][2 * h + e]);
-      }
-  };
   for (int kt = 0; kt < KT; ++kt) {
-    pf::cp_async_wait<kAhead<WG> - 1>();  // A tile kt (and, Q4, W tile kt + 1) of this thread landed
+    pf::cp_async_wait<kStages - 2>();  // A tile kt (and, Q4, W tile kt + 1) of this thread landed
     if constexpr (WG) wg::fence_proxy_async();  // ... and, with its conversion, is wgmma's to read
     __syncthreads();  // ... for every thread; tile kt - 1's buffers (and converted W) are free
     {
-      const int j = kt + kAhead<WG>;
+      const int j = kt + kStages - 1;
       if (j < KT) load_a(j);
       if (j + int(QW) < KT) load_w(j + int(QW));
       pf::cp_async_commit();
     }
     const uint8_t* st = smem + (kt % kStages) * L::kStage;
-    const uint8_t* sw = QW ? smem + L::kB16 + (kt % kB16Bufs) * BN * 128 : st + 2 * L::kA;
+    const uint8_t* sw = QW ? smem + L::kB16 + (kt & 1) * BN * 128 : st + 2 * L::kA;
+    float tq[2][8][4];  // Q4: the k-tile's integer products (bf16 W: unused, eliminated)
     if constexpr (WG) {
-      // Per column half h: 4 k16 steps x (hi, lo) of 64 x 64 into tq[h], one commit group. The
-      // order keeps a group in flight while each fold runs: issue (kt, 0); fold (kt - 1, 1);
-      // issue (kt, 1); fold (kt, 0). Tile kt's second half is folded in the next iteration (or
-      // after the loop).
-      const uint32_t a_hi = pf::smem_u32(st) + uint32_t(wg * 64 * 128), b = pf::smem_u32(sw);
-      auto issue = [&](int h) {
+      // 4 k16 steps x (hi, lo) of 64 x 128, issued before this thread converts tile kt + 1.
+      auto& d = reinterpret_cast<float(&)[16][4]>(tq);
+      if (warp_live) {
         wg::fence();
+        const uint32_t a_hi = pf::smem_u32(st) + uint32_t(wg * 64 * 128);
+        const uint32_t b = pf::smem_u32(sw);
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
-          const uint64_t db = wg::desc_sw128(b + uint32_t(h * 64 * 128 + 32 * ks));
-          wg::mma_m64n64k16_bf16(tq[h], wg::desc_sw128(a_hi + 32 * ks), db, ks > 0);
-          wg::mma_m64n64k16_bf16(tq[h], wg::desc_sw128(a_hi + L::kA + 32 * ks), db, true);
+          wg::mma_m64n128k16_bf16(d, wg::desc_sw128(a_hi + 32 * ks), wg::desc_sw128(b + 32 * ks), ks > 0);
+          wg::mma_m64n128k16_bf16(d, wg::desc_sw128(a_hi + L::kA + 32 * ks), wg::desc_sw128(b + 32 * ks),
+                                  true);
         }
         wg::commit();
-      };
-      if (warp_live) issue(0);
+      }
       if (kt + 1 < KT) convert_w(kt + 1);
       if (!warp_live) continue;
-      if (kt > 0) {
-        wg::wait<1>();
-        fold(kt - 1, 1);
-      }
-      issue(1);
-      wg::wait<1>();
-      fold(kt, 0);
+      wg::wait<0>();
     } else {
       if constexpr (QW) {
         if (kt + 1 < KT) convert_w(kt + 1);
@@ -402,15 +372,21 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
         }
       }
     }
-    if constexpr (QW && !WG) {
+    if constexpr (QW) {  // acc += s * (q . A), per W row (column); the biases' share came first
+      const uint16_t* ss =
+          reinterpret_cast<const uint16_t*>(smem + L::kScales) + ((kt / kChunkTiles) & 1) * BN * 8;
+      const int ci = kt % kChunkTiles;
 #pragma unroll
-      for (int i = 0; i < 2; ++i) fold(kt, i);
-    }
-  }
-  if constexpr (WG) {
-    if (warp_live && KT > 0) {
-      wg::wait<0>();
-      fold(KT - 1, 1);
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float cs = bf16_bits_to_f32(ss[(64 * half(i) + 8 * nt + 2 * t + e) * 8 + ci]);
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              acc[i][nt][2 * h + e] = fmaf(cs, tq[i][nt][2 * h + e], acc[i][nt][2 * h + e]);
+          }
     }
   }
   pf::cp_async_wait<0>();  // (only empty groups can be outstanding; leave none behind)
