@@ -13,7 +13,6 @@ namespace {
 constexpr int kCols = 4;                     // state columns per warp
 constexpr int kWarpsPerBlock = 8;
 constexpr int kColsPerBlock = kCols * kWarpsPerBlock;  // 32
-constexpr int kMaxT = 8;
 
 __global__ void __launch_bounds__(256) gdn_decode_kernel(const __grid_constant__ GdnDecodeArgs a, int early) {
   constexpr int dk = 128, dv = 128;
