@@ -20,6 +20,7 @@
 #include "cuda/common.cuh"
 #include "cuda/prefill.h"
 #include "cuda/prefill_mma.h"
+#include "cuda/prefill_tile.cuh"
 
 #include <cstdio>
 #include <cstdlib>
@@ -130,24 +131,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const PrefillGemmArgs
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp >> 2, wn = warp & 3;
 
-  int64_t m0, m_end;
-  int64_t grp = 0;
-  if (p.groups > 0) {
-    const int tile = blockIdx.y;
-    if (tile >= p.tile_off[p.groups]) return;
-    int lo = 0, hi = p.groups - 1;  // the largest g with tile_off[g] <= tile (a non-empty group)
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (p.tile_off[mid] <= tile) lo = mid;
-      else hi = mid - 1;
-    }
-    grp = lo;
-    m0 = p.group_off[lo] + int64_t(tile - p.tile_off[lo]) * BM;
-    m_end = p.group_off[lo + 1];
-  } else {
-    m0 = int64_t(blockIdx.y) * BM;
-    m_end = p.M;
-  }
+  int64_t m0, m_end, grp;
+  if (!tile_rows(p, BM, m0, m_end, grp)) return;
   const int64_t K = p.K;
   const int KT = int(K / BK);
 
@@ -345,50 +330,22 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const PrefillGemmArgs
   }
 
   // Epilogue.
-  const bool vec2 = (p.ldc & 1) == 0;
-  const bool residual = p.epi == GemmEpi::Residual;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int64_t m = m0 + wm * (BM / 2) + mt * 16 + (lane >> 2) + 8 * hh;
       if (m >= m_end) continue;
-      const int64_t crow = p.c_rows ? int64_t(p.c_rows[m]) : m;
-      const float sc = p.row_scale ? p.row_scale[crow] : 1.f;
-      float* c = p.C ? p.C + crow * p.ldc : nullptr;
-      uint16_t* c16 = p.C16 ? p.C16 + crow * p.ldc : nullptr;
       constexpr int NTO = SILU ? 2 : 4;
 #pragma unroll
       for (int nt = 0; nt < NTO; ++nt) {
-        float v0, v1;
-        int64_t col;
         if constexpr (SILU) {
-          col = int64_t(blockIdx.x) * 64 + wn * 16 + nt * 8 + 2 * (lane & 3);
-          v0 = silu_f(acc[mt][nt][2 * hh]) * acc[mt][nt + 2][2 * hh] * sc;
-          v1 = silu_f(acc[mt][nt][2 * hh + 1]) * acc[mt][nt + 2][2 * hh + 1] * sc;
+          const int64_t col = int64_t(blockIdx.x) * 64 + wn * 16 + nt * 8 + 2 * (lane & 3);
+          store_pair(p, m, col, silu_f(acc[mt][nt][2 * hh]) * acc[mt][nt + 2][2 * hh],
+                     silu_f(acc[mt][nt][2 * hh + 1]) * acc[mt][nt + 2][2 * hh + 1]);
         } else {
-          col = int64_t(blockIdx.x) * BN + wn * 32 + nt * 8 + 2 * (lane & 3);
-          v0 = acc[mt][nt][2 * hh] * sc;
-          v1 = acc[mt][nt][2 * hh + 1] * sc;
-        }
-        if (c16) {
-          if (col + 1 < p.N && vec2) {
-            *reinterpret_cast<uint32_t*>(c16 + col) = pf::pack_bf16(v0, v1);
-          } else {
-            if (col < p.N) c16[col] = __bfloat16_as_ushort(__float2bfloat16_rn(v0));
-            if (col + 1 < p.N) c16[col + 1] = __bfloat16_as_ushort(__float2bfloat16_rn(v1));
-          }
-        } else if (col + 1 < p.N && vec2) {
-          float2* q = reinterpret_cast<float2*>(c + col);
-          if (residual) {
-            const float2 o = *q;
-            v0 += o.x;
-            v1 += o.y;
-          }
-          *q = make_float2(v0, v1);
-        } else {
-          if (col < p.N) c[col] = residual ? c[col] + v0 : v0;
-          if (col + 1 < p.N) c[col + 1] = residual ? c[col + 1] + v1 : v1;
+          const int64_t col = int64_t(blockIdx.x) * BN + wn * 32 + nt * 8 + 2 * (lane & 3);
+          store_pair(p, m, col, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
         }
       }
     }

@@ -30,6 +30,7 @@
 #include "cuda/common.cuh"
 #include "cuda/prefill.h"
 #include "cuda/prefill_mma.h"
+#include "cuda/prefill_tile.cuh"
 #include "cuda/wgmma.cuh"
 
 #include <mutex>
@@ -68,42 +69,6 @@ __device__ __forceinline__ uint32_t q4_pair(uint32_t w, int j) {
   return r;
 }
 
-// The tile's output: pair (v0, v1) at row m (block-local row bound m_end), columns col, col + 1.
-__device__ __forceinline__ void store_pair(const PrefillGemmArgs& p, int64_t m, int64_t col, float v0,
-                                           float v1) {
-  const int64_t crow = p.c_rows ? int64_t(p.c_rows[m]) : m;
-  if (p.row_scale) {
-    const float sc = p.row_scale[crow];
-    v0 *= sc;
-    v1 *= sc;
-  }
-  const bool vec2 = (p.ldc & 1) == 0;
-  if (p.C16) {
-    uint16_t* c16 = p.C16 + crow * p.ldc;
-    if (col + 1 < p.N && vec2) {
-      *reinterpret_cast<uint32_t*>(c16 + col) = pf::pack_bf16(v0, v1);
-    } else {
-      if (col < p.N) c16[col] = __bfloat16_as_ushort(__float2bfloat16_rn(v0));
-      if (col + 1 < p.N) c16[col + 1] = __bfloat16_as_ushort(__float2bfloat16_rn(v1));
-    }
-    return;
-  }
-  float* c = p.C + crow * p.ldc;
-  const bool residual = p.epi == GemmEpi::Residual;
-  if (col + 1 < p.N && vec2) {
-    float2* q = reinterpret_cast<float2*>(c + col);
-    if (residual) {
-      const float2 o = *q;
-      v0 += o.x;
-      v1 += o.y;
-    }
-    *q = make_float2(v0, v1);
-  } else {
-    if (col < p.N) c[col] = residual ? c[col] + v0 : v0;
-    if (col + 1 < p.N) c[col + 1] = residual ? c[col + 1] + v1 : v1;
-  }
-}
-
 // WG = false: mma.sync, 8 warps as 4 (rows) x 2 (columns) of 32 x 64; WG = true (Q4 only): wgmma,
 // 2 warpgroups of 64 rows x 128 columns. acc[i][nt][4] is, per thread, the m16n8 fragment of
 // rows RB(i) + g + 8 h and columns 64 half(i) + 8 nt + 2 t + e (SiLU: 32 half(i) + ... of the
@@ -124,23 +89,8 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
   auto rbase = [&](int i) { return WG ? 64 * wg + 16 * (warp & 3) : 32 * wm + 16 * i; };
   auto half = [&](int i) { return WG ? i : wn; };
 
-  int64_t m0, m_end, grp = 0;
-  if (p.groups > 0) {
-    const int tile = blockIdx.y;
-    if (tile >= p.tile_off[p.groups]) return;
-    int lo = 0, hi = p.groups - 1;  // the largest g with tile_off[g] <= tile (a non-empty group)
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (p.tile_off[mid] <= tile) lo = mid;
-      else hi = mid - 1;
-    }
-    grp = lo;
-    m0 = p.group_off[lo] + int64_t(tile - p.tile_off[lo]) * BM;
-    m_end = p.group_off[lo + 1];
-  } else {
-    m0 = int64_t(blockIdx.y) * BM;
-    m_end = p.M;
-  }
+  int64_t m0, m_end, grp;
+  if (!tile_rows(p, BM, m0, m_end, grp)) return;
   const int64_t K = p.K, KG = K / 64;
   const int KT = int(KG);
   auto a_row = [&](int r, bool& ok) -> int64_t {  // row of the split A for tile row r
