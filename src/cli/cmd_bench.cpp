@@ -212,7 +212,7 @@ void run_prefill_bench(const BenchOpts& o, kestrel::Backend& b, const std::strin
                        {"aprec", aprec},
                        {"gemm", gemm},
                        {"gemm_kernel", kernel},
-                       {"pipe_q4_mma", cuda::prefill_pipe_q4_mma() == cuda::PipeMma::Wgmma ? "wgmma" : "sync"},
+                       {"pipe_q4_mma", cuda::prefill_pipe_mma_name(cuda::prefill_pipe_q4_mma())},
                        {"moe_tile_rows", std::getenv("KESTREL_PREFILL_MOE_BM") ? std::getenv("KESTREL_PREFILL_MOE_BM")
                                                                               : "default"},
                        {"range_redos", redos},

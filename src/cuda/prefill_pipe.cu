@@ -31,8 +31,10 @@
 #include "cuda/prefill.h"
 #include "cuda/prefill_mma.h"
 #include "cuda/prefill_tile.cuh"
+#include "cuda/tma.cuh"
 #include "cuda/wgmma.cuh"
 
+#include <algorithm>
 #include <mutex>
 
 namespace kestrel::cuda {
@@ -363,6 +365,345 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Warp-specialised Q4 kernel (PipeMma::Ws): the same numbers as the wgmma kernel above, with the
+// block barrier per k-tile replaced by mbarriers between a producer warpgroup and two consumer
+// warpgroups, so that the fold of a k-tile's products overlaps the next k-tile's wgmma.
+//
+// Why (bench/PREFILL_NOTES.md, v6): with one commit group per k-tile and a __syncthreads, the
+// tensor cores idle while the warps fold (64 FFMA + 32 scale loads), convert and meet at the
+// barrier; running a second group through column halves under the same barrier put the copies
+// only 2 tiles ahead and the warps then waited for data.
+//
+// Roles (384 threads). Warpgroup 0 (setmaxnreg 48) copies every operand of k-tile j into stage
+// j % 4 by cp.async (each thread's copies complete on full[j % 4] through
+// cp.async.mbarrier.arrive.noinc), then converts tile j - 1's Q4 codes (row = its thread) into
+// converted buffer (j - 1) % 3 with the row's scale as fp32 beside it, and arrives on cfull.
+// Warpgroups 1 and 2 (setmaxnreg 232) own 64 rows x 128 columns each: for tile kt they wait on
+// full and cfull, issue 8 wgmma (4 k16 x hi, lo) into one of two product sets, then wait for tile
+// kt - 1's group, release its stage (empty), fold its products with the scales and release its
+// converted buffer (cfree). So one wgmma group is always in flight during a fold, the copies run
+// 3 tiles ahead and the conversion one tile ahead of the consumers.
+// ---------------------------------------------------------------------------------------------
+constexpr int kWsThreads = 384, kWsConv = 3;
+
+struct WsLayout {
+  static constexpr int kA = BM * 128, kW = BN * 32;
+  static constexpr int kStage = 2 * kA + kW;                 // A hi, A lo, W codes (36 KB)
+  static constexpr int kConv = kStages * kStage;             // [kWsConv][BN][128 B] converted W
+  static constexpr int kScale = kConv + kWsConv * BN * 128;  // [kWsConv][BN] fp32 scales
+  static constexpr int kARow = kScale + kWsConv * BN * 4;    // [2][BM] int32 row of the split A (-1: none)
+  static constexpr int kBars = kARow + 2 * BM * 4;              // full[4], empty[4], cfull[3], cfree[3]
+  static constexpr int kBytes = kBars + (2 * kStages + 2 * kWsConv) * 8;
+  static_assert(kStage % 1024 == 0 && kA % 1024 == 0 && kConv % 1024 == 0, "wgmma tiles 1024-aligned");
+};
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Arrives on bar once this thread's earlier cp.async copies have landed (counts as one arrival).
+__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// mbar_wait with the retry loop inside one asm block: a C++ loop around try_wait is a divergent
+// path to ptxas, which then serialises every wgmma of the kernel (warning C7518).
+__device__ __forceinline__ void mbar_wait_asm(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+// Keeps the compiler from moving reads of d above the wgmma wait that completes it.
+__device__ __forceinline__ void fence_operand(float (&d)[16][4]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+
+template <bool SILU>
+__global__ void __launch_bounds__(kWsThreads, 1) pipe_ws_kernel(const PrefillGemmArgs p, const int ntiles) {
+  using L = WsLayout;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (pf::smem_u32(smem_raw) & 1023)) & 1023);
+  int32_t* arow = reinterpret_cast<int32_t*>(smem + L::kARow);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + L::kBars);
+  uint64_t* empty = full + kStages;
+  uint64_t* cfull = empty + kStages;
+  uint64_t* cfree = cfull + kWsConv;
+  const float* scl = reinterpret_cast<const float*>(smem + L::kScale);
+  const int tid = threadIdx.x;
+  const int64_t K = p.K, KG = K / 64;
+  const int KT = int(KG);  // a multiple of 8: K % 512 == 0
+  const int gx = int(SILU ? (p.N + 63) / 64 : (p.N + BN - 1) / BN);
+
+  // Tile `tile` (row-major over (row tile, column block), the column block fastest, as the grid of
+  // the one-tile-per-block kernels): its rows, group and column block; false if empty.
+  auto tile_of = [&](int tile, int64_t& m0, int64_t& m_end, int64_t& grp, int& bx) -> bool {
+    bx = tile % gx;
+    const int by = tile / gx;
+    grp = 0;
+    if (p.groups == 0) {
+      m0 = int64_t(by) * BM;
+      m_end = p.M;
+      return m0 < p.M;
+    }
+    if (by >= p.tile_off[p.groups]) return false;
+    int lo = 0, hi = p.groups - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (p.tile_off[mid] <= by) lo = mid;
+      else hi = mid - 1;
+    }
+    grp = lo;
+    m0 = p.group_off[lo] + int64_t(by - p.tile_off[lo]) * BM;
+    m_end = p.group_off[lo + 1];
+    return true;
+  };
+  // Weight row of converted row r of column block bx (SiLU: column half r >> 6, rows +0 .. +31
+  // gate, +32 .. +63 up of 32 outputs); -1 past N.
+  auto w_row = [&](int r, int bx, int64_t grp, const DMat*& m) -> int64_t {
+    int64_t col;
+    bool up = false;
+    if constexpr (SILU) {
+      const int within = r & 63;
+      col = int64_t(bx) * 64 + 32 * (r >> 6) + (within & 31);
+      up = within >= 32;
+    } else {
+      col = int64_t(bx) * BN + r;
+    }
+    m = up ? &p.W2 : &p.W;
+    return col < p.N ? grp * p.N + col : -1;
+  };
+  auto a_row = [&](int64_t m, int64_t m_end) -> int32_t {  // row of the split A, -1: none
+    return m < m_end ? int32_t(p.a_rows ? p.a_rows[m] / p.a_div : m) : -1;
+  };
+
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full + s, 128);   // one cp.async arrival per producer thread
+      mbar_init(empty + s, 256);  // every consumer thread, after its wgmma of the tile
+    }
+    for (int c = 0; c < kWsConv; ++c) {
+      mbar_init(cfull + c, 128);  // every producer thread, after its row's conversion
+      mbar_init(cfree + c, 256);  // every consumer thread, after its fold
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  // Role by warpgroup, warp-uniform through the shuffle (as ptxas needs around wgmma).
+  const int role = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  if (role == 0) {
+    // ---- producer warpgroup: copies, then converts one k-tile behind ----
+    setmaxnreg_dec<40>();
+    const int pt = tid;
+    const uint8_t* ahi = reinterpret_cast<const uint8_t*>(p.pipe.hi);
+    const uint8_t* alo = reinterpret_cast<const uint8_t*>(p.pipe.lo);
+    int done = 0;  // k-tiles of this block before the current tile (ring positions)
+    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+      int64_t m0, m_end, grp;
+      int bx;
+      if (!tile_of(tile, m0, m_end, grp, bx)) continue;
+      int32_t* ar_buf = arow + (done / KT & 1) * BM;  // double buffer: the previous tile may still be read
+      ar_buf[pt] = a_row(m0 + pt, m_end);
+      asm volatile("bar.sync 1, 128;\n" ::: "memory");  // (the producer warpgroup only)
+      const DMat* wm;
+      const int64_t wr = w_row(pt, bx, grp, wm);
+      const uint8_t* wsrc = static_cast<const uint8_t*>(wm->data) + (wr < 0 ? 0 : wr) * (K / 2);
+      const uint16_t* ssrc = wm->scales + (wr < 0 ? 0 : wr) * KG;
+      uint4 sc_next = wr < 0 ? make_uint4(0, 0, 0, 0) : *reinterpret_cast<const uint4*>(ssrc);
+      uint4 sc_cur = sc_next;
+      for (int j = 0; j <= KT; ++j) {
+        if (j < KT) {
+          const int gj = done + j, s = gj % kStages;
+          if (gj >= kStages) mbar_wait_asm(empty + s, uint32_t((gj / kStages - 1) & 1));
+          const uint32_t st = smem_addr(smem + s * L::kStage);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const int r = (pt >> 3) + 16 * i, c = pt & 7;
+            const int32_t ar = ar_buf[r];
+            const size_t off = (size_t(ar < 0 ? 0 : ar) * size_t(K) + size_t(j) * BK + 8 * c) * 2;
+            pf::cp_async16(st + a_off(r, c), ahi + off, ar >= 0);
+            pf::cp_async16(st + L::kA + a_off(r, c), alo + off, ar >= 0);
+          }
+#pragma unroll
+          for (int c = 0; c < 2; ++c)
+            pf::cp_async16(st + 2 * L::kA + wq_off(pt, c), wsrc + size_t(j) * 32 + 16 * c, wr >= 0);
+          cp_async_arrive(full + s);
+        }
+        const int c = j - 1;  // convert k-tile j - 1 (its copies were issued one k-tile ago)
+        if (c >= 0) {
+          const int gc = done + c, s = gc % kStages, cb = gc % kWsConv;
+          mbar_wait_asm(full + s, uint32_t((gc / kStages) & 1));
+          if (gc >= kWsConv) mbar_wait_asm(cfree + cb, uint32_t((gc / kWsConv - 1) & 1));
+          const uint8_t* src = smem + s * L::kStage + 2 * L::kA;
+          uint8_t* dst = smem + L::kConv + cb * BN * 128;
+#pragma unroll
+          for (int cc = 0; cc < 2; ++cc) {
+            const uint4 u = *reinterpret_cast<const uint4*>(src + wq_off(pt, cc));
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+              *reinterpret_cast<uint4*>(dst + a_off(pt, 4 * cc + q)) =
+                  make_uint4(q4_pair(u.x, q), q4_pair(u.y, q), q4_pair(u.z, q), q4_pair(u.w, q));
+          }
+          const int ci = c % kChunkTiles;
+          if (ci == 0) {
+            sc_cur = sc_next;
+            const int nxt = c + kChunkTiles;
+            if (wr >= 0 && nxt < KT) sc_next = *reinterpret_cast<const uint4*>(ssrc + nxt);
+          }
+          const uint32_t w2 = (ci & 4) ? ((ci & 2) ? sc_cur.w : sc_cur.z) : ((ci & 2) ? sc_cur.y : sc_cur.x);
+          const uint16_t sbits = uint16_t((ci & 1) ? (w2 >> 16) : (w2 & 0xffffu));
+          reinterpret_cast<float*>(smem + L::kScale)[cb * BN + pt] = wr < 0 ? 0.f : bf16_bits_to_f32(sbits);
+          // The stage's copies (waited for above) and the converted tile are read by wgmma (the
+          // async proxy); cfull publishes both.
+          wg::fence_proxy_async();
+          mbar_arrive(cfull + cb);
+        }
+      }
+      done += KT;
+    }
+    return;
+  }
+
+  // ---- consumer warpgroups: 64 rows x 128 columns each ----
+  setmaxnreg_inc<232>();
+  const int cw = role - 1, warp4 = (tid & 127) >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int rb = 64 * cw + 16 * warp4;  // this warp's 16 rows of the tile
+  int done = 0;
+  for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+    int64_t m0, m_end, grp;
+    int bx;
+    if (!tile_of(tile, m0, m_end, grp, bx)) continue;
+    float acc[16][4];
+    {
+      // The biases' share of the fold, sum_g b[n, g] sum(A)[m, g], as in pipe_gemm_kernel
+      // (columns 8 j + ...; dead rows have zero sums), while the producer fills the ring.
+      const int32_t ar0 = a_row(m0 + rb + g, m_end), ar1 = a_row(m0 + rb + g + 8, m_end);
+      const float* sum = p.pipe.sum;
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+      for (int k0 = 0; k0 < KG; k0 += 16) {
+        uint32_t sh[4], sl[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int64_t kk = k0 + 2 * t + 8 * (q >> 1);
+          const int32_t ar = (q & 1) ? ar1 : ar0;
+          float2 v = make_float2(0.f, 0.f);
+          if (ar >= 0 && kk < KG) v = *reinterpret_cast<const float2*>(sum + int64_t(ar) * KG + kk);
+          sh[q] = pf::pack_bf16(v.x, v.y);
+          sl[q] = pf::pack_bf16(v.x - pf::bf16_lo(sh[q]), v.y - pf::bf16_hi(sh[q]));
+        }
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt) {
+          const DMat* wm;
+          const int64_t wr = w_row(8 * nt + g, bx, grp, wm);
+          const uint16_t* brow = wm->biases + (wr < 0 ? 0 : wr) * KG;
+          const int64_t kk = k0 + 2 * t;
+          const uint32_t b0 = wr >= 0 && kk < KG ? *reinterpret_cast<const uint32_t*>(brow + kk) : 0u;
+          const uint32_t b1 = wr >= 0 && kk + 8 < KG ? *reinterpret_cast<const uint32_t*>(brow + kk + 8) : 0u;
+          pf::mma_bf16(acc[nt], sh, b0, b1);
+          pf::mma_bf16(acc[nt], sl, b0, b1);
+        }
+      }
+    }
+    float t0[16][4], t1[16][4];
+    // Issues k-tile kt's 8 wgmma into d (one commit group), after its operands are published.
+    auto issue = [&](float (&d)[16][4], int kt) {
+      const int gk = done + kt;
+      mbar_wait_asm(full + gk % kStages, uint32_t((gk / kStages) & 1));
+      mbar_wait_asm(cfull + gk % kWsConv, uint32_t((gk / kWsConv) & 1));
+      wg::fence_proxy_async();
+      fence_operand(d);
+      wg::fence();
+      const uint32_t a = smem_addr(smem + (gk % kStages) * L::kStage) + uint32_t(cw * 64 * 128);
+      const uint32_t b = smem_addr(smem + L::kConv + (gk % kWsConv) * BN * 128);
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        wg::mma_m64n128k16_bf16(d, wg::desc_sw128(a + 32 * ks), wg::desc_sw128(b + 32 * ks), ks > 0);
+        wg::mma_m64n128k16_bf16(d, wg::desc_sw128(a + L::kA + 32 * ks), wg::desc_sw128(b + 32 * ks), true);
+      }
+      wg::commit();
+    };
+    // After k-tile kt's group is complete: release its stage, fold its products (acc += s P per
+    // column), release its converted buffer.
+    auto fold = [&](float (&d)[16][4], int kt) {
+      const int gk = done + kt;
+      mbar_arrive(empty + gk % kStages);
+      fence_operand(d);
+      const float* sc = scl + (gk % kWsConv) * BN;
+#pragma unroll
+      for (int nt = 0; nt < 16; ++nt) {
+        const float2 cs = *reinterpret_cast<const float2*>(sc + 8 * nt + 2 * t);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          acc[nt][2 * h] = fmaf(cs.x, d[nt][2 * h], acc[nt][2 * h]);
+          acc[nt][2 * h + 1] = fmaf(cs.y, d[nt][2 * h + 1], acc[nt][2 * h + 1]);
+        }
+      }
+      mbar_arrive(cfree + gk % kWsConv);
+    };
+    // Blocks of 8 k-tiles, each ending with every group retired: ptxas tracks the groups in
+    // flight only within straight-line code, and a group still in flight across a loop's back
+    // edge makes it serialise every wgmma of the kernel (C7514). So 7 of 8 folds overlap a group.
+    for (int k0 = 0; k0 < KT; k0 += kChunkTiles) {
+      issue(t0, k0);
+#pragma unroll
+      for (int u = 0; u < kChunkTiles; u += 2) {
+        issue(t1, k0 + u + 1);
+        wg::wait<1>();
+        fold(t0, k0 + u);
+        if (u + 2 < kChunkTiles) {
+          issue(t0, k0 + u + 2);
+          wg::wait<1>();
+        } else {
+          wg::wait<0>();
+        }
+        fold(t1, k0 + u + 1);
+      }
+    }
+    done += KT;
+
+    // Epilogue (SiLU: columns 64 i + 0 .. 31 of the tile are the gate and + 32 .. 63 the up of
+    // the column half's 32 outputs), while the producer fills the ring for the next tile.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = m0 + rb + g + 8 * h;
+      if (m >= m_end) continue;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        constexpr int NTO = SILU ? 4 : 8;
+#pragma unroll
+        for (int nt = 0; nt < NTO; ++nt) {
+          const float* a0 = acc[8 * i + nt];
+          if constexpr (SILU) {
+            const float* u = acc[8 * i + nt + 4];
+            const int64_t col = int64_t(bx) * 64 + i * 32 + nt * 8 + 2 * t;
+            store_pair(p, m, col, silu_f(a0[2 * h]) * u[2 * h], silu_f(a0[2 * h + 1]) * u[2 * h + 1]);
+          } else {
+            const int64_t col = int64_t(bx) * BN + i * 64 + nt * 8 + 2 * t;
+            store_pair(p, m, col, a0[2 * h], a0[2 * h + 1]);
+          }
+        }
+      }
+    }
+  }
+}
+
 // One thread per 32 k of a row: hi/lo planes in the permuted order, and (pairs of threads) the
 // fp32 sum of the row's 64-group.
 __global__ void pipe_split_kernel(const PipeSplitArgs a) {
@@ -419,6 +760,25 @@ void launch(const PrefillGemmArgs& a, cudaStream_t s) {
   KCUDA_LAUNCH("prefill_pipe_gemm");
 }
 
+constexpr int kWsSmemBytes = WsLayout::kBytes + 1024;
+
+template <bool SILU>
+void launch_ws(const PrefillGemmArgs& a, cudaStream_t s) {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    KCUDA(cudaGetDevice(&dev));
+    KCUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+  }();
+  const int64_t gx = SILU ? (a.N + 63) / 64 : (a.N + BN - 1) / BN;
+  const int64_t gy = a.groups > 0 ? a.max_tiles : (a.M + BM - 1) / BM;
+  const int ntiles = int(gx * gy);  // (< 2^31: the caller's launches have at most 65535 row tiles)
+  if (ntiles == 0) return;
+  const int grid = prefill_pipe_ws_grid() == PipeWsGrid::Persistent ? std::min(ntiles, sms) : ntiles;
+  pipe_ws_kernel<SILU><<<grid, kWsThreads, kWsSmemBytes, s>>>(a, ntiles);
+  KCUDA_LAUNCH("prefill_pipe_ws_gemm");
+}
+
 }  // namespace
 
 void prefill_pipe_init() {
@@ -430,6 +790,8 @@ void prefill_pipe_init() {
     KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::Q4, true, true>, attr, kSmemBytes<DFmt::Q4>));
     KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::BF16, false, false>, attr, kSmemBytes<DFmt::BF16>));
     KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::BF16, true, false>, attr, kSmemBytes<DFmt::BF16>));
+    KCUDA(cudaFuncSetAttribute(pipe_ws_kernel<false>, attr, kWsSmemBytes));
+    KCUDA(cudaFuncSetAttribute(pipe_ws_kernel<true>, attr, kWsSmemBytes));
   });
 }
 
@@ -437,10 +799,11 @@ void prefill_pipe_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s) {
   prefill_pipe_init();
   const bool silu = a.epi == GemmEpi::SiluMul;
   if (a.W.fmt == DFmt::Q4) {
-    if (prefill_pipe_q4_mma() == PipeMma::Wgmma)
-      silu ? launch<DFmt::Q4, true, true>(a, s) : launch<DFmt::Q4, false, true>(a, s);
-    else
-      silu ? launch<DFmt::Q4, true, false>(a, s) : launch<DFmt::Q4, false, false>(a, s);
+    switch (prefill_pipe_q4_mma()) {
+      case PipeMma::Ws: silu ? launch_ws<true>(a, s) : launch_ws<false>(a, s); break;
+      case PipeMma::Wgmma: silu ? launch<DFmt::Q4, true, true>(a, s) : launch<DFmt::Q4, false, true>(a, s); break;
+      case PipeMma::Sync: silu ? launch<DFmt::Q4, true, false>(a, s) : launch<DFmt::Q4, false, false>(a, s); break;
+    }
   } else {
     silu ? launch<DFmt::BF16, true, false>(a, s) : launch<DFmt::BF16, false, false>(a, s);
   }

@@ -168,8 +168,16 @@ PrefillGemmChoice prefill_gemm_choice_from_env() {
 PipeMma prefill_pipe_q4_mma() {
   const char* e = std::getenv("KESTREL_PIPE_MMA");
   if (e == nullptr || *e == 0 || std::strcmp(e, "wgmma") == 0) return PipeMma::Wgmma;
-  KESTREL_CHECK(std::strcmp(e, "sync") == 0, "KESTREL_PIPE_MMA={}: expected wgmma or sync", e);
+  if (std::strcmp(e, "ws") == 0) return PipeMma::Ws;
+  KESTREL_CHECK(std::strcmp(e, "sync") == 0, "KESTREL_PIPE_MMA={}: expected wgmma, ws or sync", e);
   return PipeMma::Sync;
+}
+
+PipeWsGrid prefill_pipe_ws_grid() {
+  const char* e = std::getenv("KESTREL_PIPE_WS_GRID");
+  if (e == nullptr || *e == 0 || std::strcmp(e, "persistent") == 0) return PipeWsGrid::Persistent;
+  KESTREL_CHECK(std::strcmp(e, "tiles") == 0, "KESTREL_PIPE_WS_GRID={}: expected persistent or tiles", e);
+  return PipeWsGrid::Tiles;
 }
 
 PrefillAPrec prefill_aprec_from_env() {

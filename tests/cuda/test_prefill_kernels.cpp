@@ -607,30 +607,59 @@ TEST(PrefillPipe, RejectsWhatItDoesNotTake) {
   KCUDA(cudaDeviceSynchronize());
 }
 
-// The Q4 Pipe GEMMs above run on wgmma (the default); the same shapes on the mma.sync kernel
-// (KESTREL_PIPE_MMA=sync), and the switch's refusal of anything else.
-TEST(PrefillPipe, Q4OnMmaSync) {
-  REQUIRE_GPU();
-  struct EnvGuard {
-    explicit EnvGuard(const char* v) { setenv("KESTREL_PIPE_MMA", v, 1); }
-    ~EnvGuard() { unsetenv("KESTREL_PIPE_MMA"); }
-  };
-  {
-    const EnvGuard e("bogus");
-    EXPECT_THROW(prefill_pipe_q4_mma(), Error);
-  }
-  EXPECT_EQ(prefill_pipe_q4_mma(), PipeMma::Wgmma);
-  const EnvGuard e("sync");
-  ASSERT_EQ(prefill_pipe_q4_mma(), PipeMma::Sync);
+// The Q4 Pipe GEMMs above run on wgmma (the default); the same shapes on the other Q4 kernels
+// (KESTREL_PIPE_MMA=sync | ws), and the switch's refusal of anything else.
+struct PipeMmaEnv {
+  explicit PipeMmaEnv(const char* v) { setenv("KESTREL_PIPE_MMA", v, 1); }
+  ~PipeMmaEnv() { unsetenv("KESTREL_PIPE_MMA"); }
+};
+
+void run_pipe_q4_shapes(uint32_t seed) {
   constexpr auto P = PrefillGemmKernel::Pipe;
   constexpr auto S = PrefillAPrec::Split;
-  uint32_t seed = 680;
+  // 1 row (the second 64-row half of the tile empty), 65 and 129 (partial halves), 1000; K 512 is
+  // one block of 8 k-tiles, K 4096 eight.
   for (int64_t M : {1, 65, 129, 1000}) run_gemm(WFormat::Q4, M, 200, 512, GemmEpi::Store, seed++, false, S, P);
   run_gemm(WFormat::Q4, 1000, 2048, 4096, GemmEpi::Residual, seed++, false, S, P);
   run_gemm(WFormat::Q4, 1000, 512, 2048, GemmEpi::SiluMul, seed++, false, S, P);
-  std::mt19937 g(690);
+  run_gemm(WFormat::Q4, 63, 8192, 2048, GemmEpi::Store, seed++, false, S, P);
+  std::mt19937 g(seed);
   const MoeSet ms(WFormat::Q4, 256, g);
   run_moe(ms, 300, true, seed++, S, 0, P);
+  run_moe(ms, 1000, false, seed++, S, 0, P);
+}
+
+TEST(PrefillPipe, Q4OnMmaSync) {
+  REQUIRE_GPU();
+  {
+    const PipeMmaEnv e("bogus");
+    EXPECT_THROW(prefill_pipe_q4_mma(), Error);
+  }
+  EXPECT_EQ(prefill_pipe_q4_mma(), PipeMma::Wgmma);
+  const PipeMmaEnv e("sync");
+  ASSERT_EQ(prefill_pipe_q4_mma(), PipeMma::Sync);
+  run_pipe_q4_shapes(680);
+}
+
+// The warp-specialised kernel on both of its grids: persistent (the default; fewer blocks than
+// tiles, so every block runs several tiles through the same ring) and one block per tile.
+TEST(PrefillPipe, Q4OnWarpSpecialisedWgmma) {
+  REQUIRE_GPU();
+  const PipeMmaEnv e("ws");
+  ASSERT_EQ(prefill_pipe_q4_mma(), PipeMma::Ws);
+  ASSERT_EQ(prefill_pipe_ws_grid(), PipeWsGrid::Persistent);
+  run_pipe_q4_shapes(1680);
+  struct GridEnv {
+    explicit GridEnv(const char* v) { setenv("KESTREL_PIPE_WS_GRID", v, 1); }
+    ~GridEnv() { unsetenv("KESTREL_PIPE_WS_GRID"); }
+  };
+  {
+    const GridEnv b("bogus");
+    EXPECT_THROW(prefill_pipe_ws_grid(), Error);
+  }
+  const GridEnv t("tiles");
+  ASSERT_EQ(prefill_pipe_ws_grid(), PipeWsGrid::Tiles);
+  run_pipe_q4_shapes(2680);
 }
 
 TEST(PrefillPipe, MoeBlockMatchesCpu) {

@@ -4,6 +4,8 @@
 # space-separated list of VAR=value settings; variants are separated by ';' ("" = the defaults).
 # Every variant runs the q4 bench (GEMV route 1, PDL on) at BENCH_CTX (default 0,4096), twice
 # over the variant list (ABBA order against drift). Writes $OUT/ab.log and JSON under $OUT/results.
+# AB_KIND=prefill: the q4 prompt bench instead (PREFILL prompt sizes, default 2048,4096; the
+# default GEMM choice, median of 3 after a warm-up).
 #   VARIANTS='KESTREL_GEMV_PRELOAD=1;KESTREL_MOE_DOWN_EARLY=2;' TESTS=<gtest filter|none> SANITIZE=<filter> BIN=<dir>
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,7 +35,12 @@ for pass in 1 2; do
   if [ $pass = 2 ]; then order=(); for (( i=${#VARS[@]}-1; i>=0; i-- )); do order+=("${VARS[$i]}"); done; fi
   for v in "${order[@]}"; do
     echo "== variant [${v:-defaults}] pass $pass" | tee -a "$OUT/ab.log"
-    env $v timeout 120 $BIN/kestrel bench --synthetic q4 --contexts "${BENCH_CTX:-0,4096}" --steps 128 --gemv 1 \
-      --pdl on --moe mma --route auto --route-algo block --out "$OUT/results" 2>&1 | grep -vE '^\s*$' | tail -4 | tee -a "$OUT/ab.log"
+    if [ "${AB_KIND:-decode}" = prefill ]; then
+      env $v timeout 180 $BIN/kestrel bench --synthetic "${WEIGHTS:-q4}" --prefill "${PREFILL:-2048,4096}" --prefill-runs 3 \
+        --prefill-aprec split --prefill-gemm auto --out "$OUT/results" 2>&1 | grep -vE '^\s*$' | tail -4 | tee -a "$OUT/ab.log"
+    else
+      env $v timeout 120 $BIN/kestrel bench --synthetic q4 --contexts "${BENCH_CTX:-0,4096}" --steps 128 --gemv 1 \
+        --pdl on --moe mma --route auto --route-algo block --out "$OUT/results" 2>&1 | grep -vE '^\s*$' | tail -4 | tee -a "$OUT/ab.log"
+    fi
   done
 done
