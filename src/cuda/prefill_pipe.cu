@@ -375,15 +375,17 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
 // barrier; running a second group through column halves under the same barrier put the copies
 // only 2 tiles ahead and the warps then waited for data.
 //
-// Roles (384 threads). Warpgroup 0 (setmaxnreg 48) copies every operand of k-tile j into stage
-// j % 4 by cp.async (each thread's copies complete on full[j % 4] through
-// cp.async.mbarrier.arrive.noinc), then converts tile j - 1's Q4 codes (row = its thread) into
-// converted buffer (j - 1) % 3 with the row's scale as fp32 beside it, and arrives on cfull.
-// Warpgroups 1 and 2 (setmaxnreg 232) own 64 rows x 128 columns each: for tile kt they wait on
-// full and cfull, issue 8 wgmma (4 k16 x hi, lo) into one of two product sets, then wait for tile
-// kt - 1's group, release its stage (empty), fold its products with the scales and release its
-// converted buffer (cfree). So one wgmma group is always in flight during a fold, the copies run
-// 3 tiles ahead and the conversion one tile ahead of the consumers.
+// Roles (384 threads). Warpgroup 0 (setmaxnreg 40): warps 0-1 copy every operand of k-tile j
+// (A hi, A lo, W codes; every 8 k-tiles the next 8 scales of each row) into stage j % 4 by
+// cp.async as soon as the stage is free (each thread's copies complete on full[j % 4] through
+// cp.async.mbarrier.arrive.noinc), so up to 4 k-tiles are in flight; warps 2-3 wait for each
+// stage, convert its Q4 codes into converted buffer j % 3 (exact bf16 integers) with the rows'
+// scales as fp32 beside it, and arrive on cfull. Warpgroups 1 and 2 (setmaxnreg 232) own 64 rows
+// x 128 columns each: for k-tile kt they wait on full and cfull, issue 8 wgmma (4 k16 x hi, lo)
+// into one of two product sets, then wait for k-tile kt - 1's group, release its stage (empty),
+// fold its products with the scales and release its converted buffer (cfree). So one wgmma group
+// is in flight during a fold. The grid is persistent: the same ring runs through every tile of
+// the block, and the loaders fill it for the next tile during the consumers' epilogue.
 // ---------------------------------------------------------------------------------------------
 constexpr int kWsThreads = 384, kWsConv = 3;
 
@@ -392,8 +394,11 @@ struct WsLayout {
   static constexpr int kStage = 2 * kA + kW;                 // A hi, A lo, W codes (36 KB)
   static constexpr int kConv = kStages * kStage;             // [kWsConv][BN][128 B] converted W
   static constexpr int kScale = kConv + kWsConv * BN * 128;  // [kWsConv][BN] fp32 scales
-  static constexpr int kARow = kScale + kWsConv * BN * 4;    // [2][BM] int32 row of the split A (-1: none)
-  static constexpr int kBars = kARow + 2 * BM * 4;              // full[4], empty[4], cfull[3], cfree[3]
+  static constexpr int kChunk = kScale + kWsConv * BN * 4;   // [2][BN][8] bf16 scale chunks (8 k-tiles)
+  static constexpr int kWPtr = kChunk + 2 * BN * 16;         // [2][BN] W row codes (nullptr: none)
+  static constexpr int kSPtr = kWPtr + 2 * BN * 8;           // [2][BN] W row scales
+  static constexpr int kARow = kSPtr + 2 * BN * 8;           // [2][BM] int32 row of the split A (-1: none)
+  static constexpr int kBars = kARow + 2 * BM * 4;           // full[4], empty[4], cfull[3], cfree[3]
   static constexpr int kBytes = kBars + (2 * kStages + 2 * kWsConv) * 8;
   static_assert(kStage % 1024 == 0 && kA % 1024 == 0 && kConv % 1024 == 0, "wgmma tiles 1024-aligned");
 };
@@ -491,11 +496,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) pipe_ws_kernel(const PrefillGem
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full + s, 128);   // one cp.async arrival per producer thread
+      mbar_init(full + s, 64);    // one cp.async arrival per loader thread
       mbar_init(empty + s, 256);  // every consumer thread, after its wgmma of the tile
     }
     for (int c = 0; c < kWsConv; ++c) {
-      mbar_init(cfull + c, 128);  // every producer thread, after its row's conversion
+      mbar_init(cfull + c, 64);   // every converter thread, after its rows' conversion
       mbar_init(cfree + c, 256);  // every consumer thread, after its fold
     }
     mbar_fence_init();
@@ -505,74 +510,100 @@ __global__ void __launch_bounds__(kWsThreads, 1) pipe_ws_kernel(const PrefillGem
   // Role by warpgroup, warp-uniform through the shuffle (as ptxas needs around wgmma).
   const int role = __shfl_sync(0xffffffffu, tid >> 7, 0);
   if (role == 0) {
-    // ---- producer warpgroup: copies, then converts one k-tile behind ----
     setmaxnreg_dec<40>();
-    const int pt = tid;
-    const uint8_t* ahi = reinterpret_cast<const uint8_t*>(p.pipe.hi);
-    const uint8_t* alo = reinterpret_cast<const uint8_t*>(p.pipe.lo);
-    int done = 0;  // k-tiles of this block before the current tile (ring positions)
-    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-      int64_t m0, m_end, grp;
-      int bx;
-      if (!tile_of(tile, m0, m_end, grp, bx)) continue;
-      int32_t* ar_buf = arow + (done / KT & 1) * BM;  // double buffer: the previous tile may still be read
-      ar_buf[pt] = a_row(m0 + pt, m_end);
-      asm volatile("bar.sync 1, 128;\n" ::: "memory");  // (the producer warpgroup only)
-      const DMat* wm;
-      const int64_t wr = w_row(pt, bx, grp, wm);
-      const uint8_t* wsrc = static_cast<const uint8_t*>(wm->data) + (wr < 0 ? 0 : wr) * (K / 2);
-      const uint16_t* ssrc = wm->scales + (wr < 0 ? 0 : wr) * KG;
-      uint4 sc_next = wr < 0 ? make_uint4(0, 0, 0, 0) : *reinterpret_cast<const uint4*>(ssrc);
-      uint4 sc_cur = sc_next;
-      for (int j = 0; j <= KT; ++j) {
-        if (j < KT) {
+    if (tid < 64) {
+      // ---- loader warps: every operand of each k-tile, as soon as its stage is free ----
+      const int lt = tid;
+      const uint8_t* ahi = reinterpret_cast<const uint8_t*>(p.pipe.hi);
+      const uint8_t* alo = reinterpret_cast<const uint8_t*>(p.pipe.lo);
+      int done = 0;  // k-tiles of this block before the current tile (ring positions)
+      for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        int64_t m0, m_end, grp;
+        int bx;
+        if (!tile_of(tile, m0, m_end, grp, bx)) continue;
+        // This tile's row tables (double-buffered: a loader may still read the previous tile's).
+        const int tb = (done / KT) & 1;
+        int32_t* ar = arow + tb * BM;
+        const uint8_t** wp = reinterpret_cast<const uint8_t**>(smem + L::kWPtr) + tb * BN;
+        const uint16_t** sp = reinterpret_cast<const uint16_t**>(smem + L::kSPtr) + tb * BN;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int r = lt + 64 * i;
+          ar[r] = a_row(m0 + r, m_end);
+          const DMat* wm;
+          const int64_t wr = w_row(r, bx, grp, wm);
+          wp[r] = wr < 0 ? nullptr : static_cast<const uint8_t*>(wm->data) + wr * (K / 2);
+          sp[r] = wr < 0 ? nullptr : wm->scales + wr * KG;
+        }
+        asm volatile("bar.sync 1, 64;\n" ::: "memory");  // (the two loader warps)
+        for (int j = 0; j < KT; ++j) {
           const int gj = done + j, s = gj % kStages;
           if (gj >= kStages) mbar_wait_asm(empty + s, uint32_t((gj / kStages - 1) & 1));
           const uint32_t st = smem_addr(smem + s * L::kStage);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            const int r = (pt >> 3) + 16 * i, c = pt & 7;
-            const int32_t ar = ar_buf[r];
-            const size_t off = (size_t(ar < 0 ? 0 : ar) * size_t(K) + size_t(j) * BK + 8 * c) * 2;
-            pf::cp_async16(st + a_off(r, c), ahi + off, ar >= 0);
-            pf::cp_async16(st + L::kA + a_off(r, c), alo + off, ar >= 0);
+#pragma unroll 4  // (fully unrolled, the 40 registers spill)
+          for (int i = 0; i < 16; ++i) {
+            const int r = (lt >> 3) + 8 * i, c = lt & 7;
+            const int32_t a = ar[r];
+            const size_t off = (size_t(a < 0 ? 0 : a) * size_t(K) + size_t(j) * BK + 8 * c) * 2;
+            pf::cp_async16(st + a_off(r, c), ahi + off, a >= 0);
+            pf::cp_async16(st + L::kA + a_off(r, c), alo + off, a >= 0);
           }
+#pragma unroll 1
+          for (int i = 0; i < 4; ++i) {
+            const int r = (lt >> 1) + 32 * i, c = lt & 1;
+            const uint8_t* w = wp[r];
+            pf::cp_async16(st + 2 * L::kA + wq_off(r, c), w ? w + size_t(j) * 32 + 16 * c : ahi, w != nullptr);
+          }
+          if (gj % kChunkTiles == 0) {  // the scales of the next 8 k-tiles (freed: see the notes)
 #pragma unroll
-          for (int c = 0; c < 2; ++c)
-            pf::cp_async16(st + 2 * L::kA + wq_off(pt, c), wsrc + size_t(j) * 32 + 16 * c, wr >= 0);
+            for (int i = 0; i < 2; ++i) {
+              const int r = lt + 64 * i;
+              const uint16_t* sc = sp[r];
+              pf::cp_async16(smem_addr(smem + L::kChunk + ((gj / kChunkTiles) & 1) * BN * 16 + r * 16),
+                             sc ? sc + j : reinterpret_cast<const uint16_t*>(ahi), sc != nullptr);
+            }
+          }
           cp_async_arrive(full + s);
         }
-        const int c = j - 1;  // convert k-tile j - 1 (its copies were issued one k-tile ago)
-        if (c >= 0) {
+        done += KT;
+      }
+    } else {
+      // ---- converter warps: each k-tile's Q4 codes into exact bf16 integers (2 rows a thread) ----
+      const int ct = tid - 64;
+      int done = 0;
+      for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        int64_t m0, m_end, grp;
+        int bx;
+        if (!tile_of(tile, m0, m_end, grp, bx)) continue;
+        for (int c = 0; c < KT; ++c) {
           const int gc = done + c, s = gc % kStages, cb = gc % kWsConv;
           mbar_wait_asm(full + s, uint32_t((gc / kStages) & 1));
           if (gc >= kWsConv) mbar_wait_asm(cfree + cb, uint32_t((gc / kWsConv - 1) & 1));
           const uint8_t* src = smem + s * L::kStage + 2 * L::kA;
           uint8_t* dst = smem + L::kConv + cb * BN * 128;
+          const uint16_t* chunk =
+              reinterpret_cast<const uint16_t*>(smem + L::kChunk + ((gc / kChunkTiles) & 1) * BN * 16);
 #pragma unroll
-          for (int cc = 0; cc < 2; ++cc) {
-            const uint4 u = *reinterpret_cast<const uint4*>(src + wq_off(pt, cc));
+          for (int i = 0; i < 2; ++i) {
+            const int r = ct + 64 * i;
 #pragma unroll
-            for (int q = 0; q < 4; ++q)
-              *reinterpret_cast<uint4*>(dst + a_off(pt, 4 * cc + q)) =
-                  make_uint4(q4_pair(u.x, q), q4_pair(u.y, q), q4_pair(u.z, q), q4_pair(u.w, q));
+            for (int cc = 0; cc < 2; ++cc) {
+              const uint4 u = *reinterpret_cast<const uint4*>(src + wq_off(r, cc));
+#pragma unroll
+              for (int q = 0; q < 4; ++q)
+                *reinterpret_cast<uint4*>(dst + a_off(r, 4 * cc + q)) =
+                    make_uint4(q4_pair(u.x, q), q4_pair(u.y, q), q4_pair(u.z, q), q4_pair(u.w, q));
+            }
+            reinterpret_cast<float*>(smem + L::kScale)[cb * BN + r] =
+                bf16_bits_to_f32(chunk[r * 8 + gc % kChunkTiles]);
           }
-          const int ci = c % kChunkTiles;
-          if (ci == 0) {
-            sc_cur = sc_next;
-            const int nxt = c + kChunkTiles;
-            if (wr >= 0 && nxt < KT) sc_next = *reinterpret_cast<const uint4*>(ssrc + nxt);
-          }
-          const uint32_t w2 = (ci & 4) ? ((ci & 2) ? sc_cur.w : sc_cur.z) : ((ci & 2) ? sc_cur.y : sc_cur.x);
-          const uint16_t sbits = uint16_t((ci & 1) ? (w2 >> 16) : (w2 & 0xffffu));
-          reinterpret_cast<float*>(smem + L::kScale)[cb * BN + pt] = wr < 0 ? 0.f : bf16_bits_to_f32(sbits);
-          // The stage's copies (waited for above) and the converted tile are read by wgmma (the
-          // async proxy); cfull publishes both.
+          // The stage's copies (complete: full was waited for) and the converted tile are read by
+          // wgmma (the async proxy); cfull publishes both (the consumers fence again).
           wg::fence_proxy_async();
           mbar_arrive(cfull + cb);
         }
+        done += KT;
       }
-      done += KT;
     }
     return;
   }
