@@ -523,7 +523,6 @@ template <int K>
 __global__ void __launch_bounds__(kThreads, kMmaMinBlocks<K>) gemv_mma_kernel(const __grid_constant__ GemvArgs a,
                                                             int64_t total_rows) {
   constexpr int NG = K / 64 / kWarps;  // groups per warp
-  constexpr int kGroups = K / 64;
   extern __shared__ float4 smem4[];
   float* xs = reinterpret_cast<float*>(smem4);
   float* xsum = xs + K;
