@@ -261,21 +261,20 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
     float tq[2][8][4];  // Q4: the k-tile's integer products (bf16 W: unused, eliminated)
     if constexpr (WG) {
       // 4 k16 steps x (hi, lo) of 64 x 128, issued before this thread converts tile kt + 1.
+      // Every warpgroup issues, live or not: a branch around wgmma makes ptxas serialise the
+      // kernel's wgmma (C7518), which costs far more than a dead warpgroup's zero products.
       auto& d = reinterpret_cast<float(&)[16][4]>(tq);
-      if (warp_live) {
-        wg::fence();
-        const uint32_t a_hi = pf::smem_u32(st) + uint32_t(wg * 64 * 128);
-        const uint32_t b = pf::smem_u32(sw);
+      wg::fence();
+      const uint32_t a_hi = pf::smem_u32(st) + uint32_t(wg * 64 * 128);
+      const uint32_t b = pf::smem_u32(sw);
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {
-          wg::mma_m64n128k16_bf16(d, wg::desc_sw128(a_hi + 32 * ks), wg::desc_sw128(b + 32 * ks), ks > 0);
-          wg::mma_m64n128k16_bf16(d, wg::desc_sw128(a_hi + L::kA + 32 * ks), wg::desc_sw128(b + 32 * ks),
-                                  true);
-        }
-        wg::commit();
+      for (int ks = 0; ks < 4; ++ks) {
+        wg::mma_m64n128k16_bf16(d, wg::desc_sw128(a_hi + 32 * ks), wg::desc_sw128(b + 32 * ks), ks > 0);
+        wg::mma_m64n128k16_bf16(d, wg::desc_sw128(a_hi + L::kA + 32 * ks), wg::desc_sw128(b + 32 * ks),
+                                true);
       }
+      wg::commit();
       if (kt + 1 < KT) convert_w(kt + 1);
-      if (!warp_live) continue;
       wg::wait<0>();
     } else {
       if constexpr (QW) {
