@@ -6,7 +6,7 @@
 # over the variant list (ABBA order against drift). Writes $OUT/ab.log and JSON under $OUT/results.
 # AB_KIND=prefill: the q4 prompt bench instead (PREFILL prompt sizes, default 2048,4096; the
 # default GEMM choice, median of 3 after a warm-up).
-#   VARIANTS='KESTREL_GEMV_PRELOAD=1;KESTREL_MOE_DOWN_EARLY=2;' TESTS=<gtest filter|none> SANITIZE=<filter> BIN=<dir>
+#   VARIANTS='KESTREL_GEMV_PRELOAD=1;KESTREL_MOE_DOWN_EARLY=2;;exe=kestrel_old' TESTS=<gtest filter|none> SANITIZE=<filter> BIN=<dir>
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ab_out}
@@ -35,11 +35,13 @@ for pass in 1 2; do
   if [ $pass = 2 ]; then order=(); for (( i=${#VARS[@]}-1; i>=0; i-- )); do order+=("${VARS[$i]}"); done; fi
   for v in "${order[@]}"; do
     echo "== variant [${v:-defaults}] pass $pass" | tee -a "$OUT/ab.log"
+    exe=kestrel; vv=()  # (exe=NAME in a variant: run $BIN/NAME, e.g. an older build packed beside)
+    for w in $v; do case $w in exe=*) exe=${w#exe=} ;; *) vv+=("$w") ;; esac; done
     if [ "${AB_KIND:-decode}" = prefill ]; then
-      env $v timeout 180 $BIN/kestrel bench --synthetic "${WEIGHTS:-q4}" --prefill "${PREFILL:-2048,4096}" --prefill-runs 3 \
+      env ${vv[@]+"${vv[@]}"} timeout 180 $BIN/$exe bench --synthetic "${WEIGHTS:-q4}" --prefill "${PREFILL:-2048,4096}" --prefill-runs 3 \
         --prefill-aprec split --prefill-gemm auto --out "$OUT/results" 2>&1 | grep -vE '^\s*$' | tail -4 | tee -a "$OUT/ab.log"
     else
-      env $v timeout 120 $BIN/kestrel bench --synthetic q4 --contexts "${BENCH_CTX:-0,4096}" --steps 128 --gemv 1 \
+      env ${vv[@]+"${vv[@]}"} timeout 120 $BIN/$exe bench --synthetic q4 --contexts "${BENCH_CTX:-0,4096}" --steps 128 --gemv 1 \
         --pdl on --moe mma --route auto --route-algo block --out "$OUT/results" 2>&1 | grep -vE '^\s*$' | tail -4 | tee -a "$OUT/ab.log"
     fi
   done
