@@ -1,6 +1,7 @@
 // The prompt (prefill) driver: see prefill_step.h for the sequence of kernels per chunk.
 #include "cuda/prefill_step.h"
 
+#include "cuda/kernels.h"
 #include "cuda/prefill_ops.h"
 
 #include <algorithm>
@@ -97,6 +98,7 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   KESTREL_CHECK(m.lm_head.rows == c.vocab_size, "prefill: lm_head has {} rows, vocabulary {}",
                 m.lm_head.rows, c.vocab_size);
   prefill_init();
+  kernels_init();  // the last position's lm_head is the decode GEMV
   const ScratchPlan p(c, max_chunk);
   buf_.x = take<float>(p.x);
   buf_.hn = take<float>(p.hn);
@@ -466,21 +468,22 @@ void PrefillStep::moe_layer(const DLayer& d, int64_t T, cudaStream_t s) {
   moe_prefill(w, buf_.hn, T, moe_, buf_.x, /*accumulate=*/true, s);
 }
 
-// Logits of the chunk's last row: final norm, then lm_head in exact fp32 (as the decode GEMV).
+// Logits of the chunk's last row: the decode step's lm_head GEMV (final norm fused in front,
+// exact fp32 dots), so a prompt's last logits are the numbers decode computes for that row.
 void PrefillStep::last_logits(int64_t T, float* host, cudaStream_t s) {
   const ModelConfig& c = m_.cfg;
   const int64_t H = c.hidden_size;
-  norm(buf_.x + (T - 1) * H, m_.final_norm, 1, buf_.hn, nullptr, s);
-  PrefillGemmF32Args g;
+  GemvArgs g;
   g.M = 1;
-  g.N = c.vocab_size;
   g.K = H;
-  g.A = buf_.hn;
-  g.lda = H;
-  g.W = m_.lm_head;
-  g.C = buf_.logits;
-  g.ldc = c.vocab_size;
-  prefill_gemm_f32(g, s);
+  g.x = buf_.x + (T - 1) * H;
+  g.ldx = H;
+  g.pro = Prologue::RmsNorm;
+  g.norm_w = m_.final_norm;
+  g.eps = c.rms_norm_eps;
+  g.seg[0] = GemvSeg{m_.lm_head, Epilogue::Store, buf_.logits, c.vocab_size};
+  g.nseg = 1;
+  gemv(g, s);
   KCUDA(cudaMemcpyAsync(host, buf_.logits, size_t(c.vocab_size) * 4, cudaMemcpyDeviceToHost, s));
 }
 
