@@ -246,6 +246,24 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
     pf::cp_async_wait<kStages - 1>();  // group P (W tile 0) has landed for this thread
     convert_w(0);
   }
+  float tq[2][8][4];  // Q4: a k-tile's integer products (bf16 W: unused, eliminated)
+  // acc += s * (q . A) of k-tile k, per W row (column); the biases' share came first.
+  auto fold = [&](int k) {
+    const uint16_t* ss =
+        reinterpret_cast<const uint16_t*>(smem + L::kScales) + ((k / kChunkTiles) & 1) * BN * 8;
+    const int ci = k % kChunkTiles;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float cs = bf16_bits_to_f32(ss[(64 * half(i) + 8 * nt + 2 * t + e) * 8 + ci]);
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            acc[i][nt][2 * h + e] = fmaf(cs, tq[i][nt][2 * h + e], acc[i][nt][2 * h + e]);
+        }
+  };
   for (int kt = 0; kt < KT; ++kt) {
     pf::cp_async_wait<kStages - 2>();  // A tile kt (and, Q4, W tile kt + 1) of this thread landed
     if constexpr (WG) wg::fence_proxy_async();  // ... and, with its conversion, is wgmma's to read
@@ -258,11 +276,16 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
     }
     const uint8_t* st = smem + (kt % kStages) * L::kStage;
     const uint8_t* sw = QW ? smem + L::kB16 + (kt & 1) * BN * 128 : st + 2 * L::kA;
-    float tq[2][8][4];  // Q4: the k-tile's integer products (bf16 W: unused, eliminated)
     if constexpr (WG) {
       // 4 k16 steps x (hi, lo) of 64 x 128, issued before this thread converts tile kt + 1.
-      // Every warpgroup issues, live or not: a branch around wgmma makes ptxas serialise the
-      // kernel's wgmma (C7518), which costs far more than a dead warpgroup's zero products.
+      // Ping-pong: warpgroup 0 issues k-tile kt's wgmma right after the barrier and folds them
+      // once they are done; warpgroup 1 first folds k-tile kt - 1 (waited for before the
+      // barrier), then issues kt. So one warpgroup's fold runs under the other's wgmma and the
+      // tensor cores do not idle through the folds; the single product set suffices because
+      // warpgroup 1's fold of kt - 1 precedes its issue of kt. Every warpgroup issues, live or
+      // not: a branch around wgmma makes ptxas serialise the kernel's wgmma (C7518), which costs
+      // far more than a dead warpgroup's zero products.
+      if (wg == 1 && kt > 0) fold(kt - 1);
       auto& d = reinterpret_cast<float(&)[16][4]>(tq);
       wg::fence();
       const uint32_t a_hi = pf::smem_u32(st) + uint32_t(wg * 64 * 128);
@@ -275,7 +298,8 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
       }
       wg::commit();
       if (kt + 1 < KT) convert_w(kt + 1);
-      wg::wait<0>();
+      wg::wait<0>();  // (before the next barrier, which frees this k-tile's buffers)
+      if (wg == 0) fold(kt);
     } else {
       if constexpr (QW) {
         if (kt + 1 < KT) convert_w(kt + 1);
@@ -323,22 +347,10 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
         }
       }
     }
-    if constexpr (QW) {  // acc += s * (q . A), per W row (column); the biases' share came first
-      const uint16_t* ss =
-          reinterpret_cast<const uint16_t*>(smem + L::kScales) + ((kt / kChunkTiles) & 1) * BN * 8;
-      const int ci = kt % kChunkTiles;
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float cs = bf16_bits_to_f32(ss[(64 * half(i) + 8 * nt + 2 * t + e) * 8 + ci]);
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              acc[i][nt][2 * h + e] = fmaf(cs, tq[i][nt][2 * h + e], acc[i][nt][2 * h + e]);
-          }
-    }
+    if constexpr (QW && !WG) fold(kt);
+  }
+  if constexpr (WG) {
+    if (wg == 1) fold(KT - 1);  // (its group was waited for in the last iteration)
   }
   pf::cp_async_wait<0>();  // (only empty groups can be outstanding; leave none behind)
 
