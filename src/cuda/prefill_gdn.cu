@@ -24,12 +24,12 @@ constexpr int KP = DK + 4;  // padded row of K/Q (float4-aligned)
 constexpr int AP = C + 1;
 constexpr int kThreads = 256;
 
+// 83 KB, two blocks per SM (127 registers, so the register file allows two as well): P goes to global memory as it is computed, and the right-hand sides
+// of the substitution ([k_beta exp(G) | v_beta], one column per thread) are formed in registers.
 struct PrepSmem {
   float k[C][KP];
   float q[C][KP];
   float A[C][AP];
-  float P[C][AP];
-  float X[C][DK + DV];  // W | U
   float beta[C], G[C], eG[C];
 };
 
@@ -62,14 +62,13 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(const PrefillGdnArgs
   const int64_t t0 = ch * C;
   const GdnScratch g = gdn_scratch(a.scratch, a.T, a.Hv);
 
-  // Tokens: k, q L2-normalised (q scaled), v into X's U half, beta, g.
+  // Tokens: k, q L2-normalised (q scaled), beta, g (v is read by the substitution below).
   for (int i = warp; i < C; i += kThreads / 32) {
     const int64_t t = t0 + i;
     if (t < a.T) {
       const float* ut = a.u + t * a.ldu;
       float4 kv = reinterpret_cast<const float4*>(ut + a.Hk * DK + hk * DK)[lane];
       float4 qv = reinterpret_cast<const float4*>(ut + hk * DK)[lane];
-      const float4 vv = reinterpret_cast<const float4*>(ut + 2 * a.Hk * DK + j * DV)[lane];
       const float kss = warp_sum(kv.x * kv.x + kv.y * kv.y + kv.z * kv.z + kv.w * kv.w);
       const float qss = warp_sum(qv.x * qv.x + qv.y * qv.y + qv.z * qv.z + qv.w * qv.w);
       const float ki = 1.f / sqrtf(kss + 1e-6f), qi = 1.f / sqrtf(qss + 1e-6f) * qscale;
@@ -78,8 +77,6 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(const PrefillGdnArgs
       *reinterpret_cast<float4*>(&sm.k[i][4 * lane]) = kv;
       *reinterpret_cast<float4*>(&sm.q[i][4 * lane]) = qv;
       const float bt = sigmoid_f(a.b[t * a.ldb + j]);
-      *reinterpret_cast<float4*>(&sm.X[i][DK + 4 * lane]) =
-          make_float4(vv.x * bt, vv.y * bt, vv.z * bt, vv.w * bt);
       if (lane == 0) {
         sm.beta[i] = bt;
         sm.G[i] = -Aexp * softplus_f(a.a[t * a.lda + j] + dtb);
@@ -88,7 +85,6 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(const PrefillGdnArgs
       const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
       *reinterpret_cast<float4*>(&sm.k[i][4 * lane]) = z;
       *reinterpret_cast<float4*>(&sm.q[i][4 * lane]) = z;
-      *reinterpret_cast<float4*>(&sm.X[i][DK + 4 * lane]) = z;
       if (lane == 0) {
         sm.beta[i] = 0.f;
         sm.G[i] = 0.f;
@@ -106,7 +102,8 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(const PrefillGdnArgs
   }
   __syncthreads();
   if (tid < C) sm.eG[tid] = expf(sm.G[tid]);
-  // A, P (lower parts).
+  // A (lower part, to shared memory), P (lower part, straight to its scratch).
+  float* Pg = g.P + (ch * a.Hv + j) * C * C;
   {
     const int i = tid >> 2;
     const float Gi = sm.G[i], bi = sm.beta[i];
@@ -129,13 +126,8 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(const PrefillGdnArgs
         if (jx < i) av = bi * dkk * d;
       }
       sm.A[i][jx] = av;
-      sm.P[i][jx] = pv;
+      Pg[i * C + jx] = pv;
     }
-  }
-  __syncthreads();
-  for (int x = tid; x < C * DK; x += kThreads) {
-    const int i = x / DK, c = x % DK;
-    sm.X[i][c] = sm.k[i][c] * sm.beta[i] * sm.eG[i];
   }
   __syncthreads();
   // Forward substitution: X_i -= sum_{j<i} A_ij X_j, one column per thread, in registers; the
@@ -143,10 +135,18 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(const PrefillGdnArgs
   {
     const int col = tid;  // 0..255
     float* dst = col < DK ? g.W + (t0 * a.Hv + j) * 128 + col : g.U + (t0 * a.Hv + j) * 128 + (col - DK);
-    float x[C];
+    float x[C];  // right-hand side column col: k_beta exp(G) (col < 128) or v_beta (col >= 128)
+    if (col < DK) {
+#pragma unroll
+      for (int i = 0; i < C; ++i) x[i] = sm.k[i][col] * sm.beta[i] * sm.eG[i];
+    } else {
+      const float* vc = a.u + t0 * a.ldu + 2 * a.Hk * DK + j * DV + (col - DK);
+#pragma unroll
+      for (int i = 0; i < C; ++i) x[i] = t0 + i < a.T ? vc[int64_t(i) * a.ldu] * sm.beta[i] : 0.f;
+    }
 #pragma unroll
     for (int i = 0; i < C; ++i) {
-      float s0 = sm.X[i][col], s1 = 0.f;
+      float s0 = x[i], s1 = 0.f;
 #pragma unroll
       for (int jj = 0; jj < i; ++jj) {
         if (jj & 1) s1 -= sm.A[i][jj] * x[jj];
@@ -169,8 +169,6 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(const PrefillGdnArgs
     reinterpret_cast<float4*>(g.Qe + row)[c4] = qv;
     reinterpret_cast<float4*>(g.Kd + row)[c4] = kv;
   }
-  float* Pg = g.P + (ch * a.Hv + j) * C * C;
-  for (int x = tid; x < C * C; x += kThreads) Pg[x] = sm.P[x / C][x % C];
   if (tid == 0) g.eL[ch * a.Hv + j] = expf(GL);
 }
 
