@@ -746,47 +746,44 @@ __global__ void __launch_bounds__(kWsThreads, 1) pipe_ws_kernel(const PrefillGem
   }
 }
 
-// One thread per 32 k of a row: hi/lo planes in the permuted order, and (pairs of threads) the
-// fp32 sum of the row's 64-group.
-__global__ void pipe_split_kernel(const PipeSplitArgs a) {
-  const int64_t per_row = a.K / 32;
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  const bool ok = i < a.rows * per_row;
-  const int64_t r = ok ? i / per_row : 0, c = ok ? i % per_row : 0;
-  float x[32];
-  float part = 0.f;
+// One thread per 8 k of a row (coalesced float4 loads), four per 32-k chunk: hi/lo planes in the
+// permuted order, staged in shared memory so that each block stores its 4 KB of each plane as
+// contiguous 16-byte words, and (8 threads) the fp32 sum of the row's 64-group.
+// Chunk position o = 16 s + 8 h + 2 t + e holds k = 8 t + 2 s + h + 4 e: thread t of a chunk
+// holds k 8 t .. 8 t + 7 and writes the pairs (e = 0, 1) of m = 2 s + h into word 4 m + t.
+constexpr int kSplitThreads = 256;
+__global__ void __launch_bounds__(kSplitThreads) pipe_split_kernel(const PipeSplitArgs a) {
+  __shared__ uint32_t whi[kSplitThreads * 4], wlo[kSplitThreads * 4];
+  const int tid = threadIdx.x;
+  const int64_t per_row = a.K / 8, total = a.rows * per_row;
+  const int64_t i = int64_t(blockIdx.x) * kSplitThreads + tid;
+  const bool ok = i < total;
+  const int64_t r = ok ? i / per_row : 0, c8 = ok ? i % per_row : 0;
+  float x[8] = {};
   if (ok) {
-    const float4* src = reinterpret_cast<const float4*>(a.A + r * a.lda + 32 * c);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float4 v = src[j];
-      x[4 * j] = v.x;
-      x[4 * j + 1] = v.y;
-      x[4 * j + 2] = v.z;
-      x[4 * j + 3] = v.w;
-      part += (v.x + v.y) + (v.z + v.w);
-    }
+    const float4* src = reinterpret_cast<const float4*>(a.A + r * a.lda + 8 * c8);
+    const float4 v0 = src[0], v1 = src[1];
+    x[0] = v0.x, x[1] = v0.y, x[2] = v0.z, x[3] = v0.w;
+    x[4] = v1.x, x[5] = v1.y, x[6] = v1.z, x[7] = v1.w;
   }
-  part += __shfl_xor_sync(0xffffffffu, part, 1);  // the other half of the 64-group (K/32 even)
+  float part = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
+  part += __shfl_xor_sync(0xffffffffu, part, 1);  // the 8 threads of a 64-group (K % 64 == 0:
+  part += __shfl_xor_sync(0xffffffffu, part, 2);  // groups never straddle rows or warps)
+  part += __shfl_xor_sync(0xffffffffu, part, 4);
+  const int t = tid & 3, lc = tid >> 2;
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const uint32_t hv = pf::pack_bf16(x[m], x[m + 4]);
+    whi[16 * lc + 4 * m + t] = hv;
+    wlo[16 * lc + 4 * m + t] = pf::pack_bf16(x[m] - pf::bf16_lo(hv), x[m + 4] - pf::bf16_hi(hv));
+  }
+  if (ok && (c8 & 7) == 0) a.sum[r * (a.K / 64) + c8 / 8] = part;
+  __syncthreads();
   if (!ok) return;
-  uint32_t hi[16], lo[16];
-#pragma unroll
-  for (int o = 0; o < 32; o += 2) {  // output positions o, o + 1 (e = 0, 1 of the same t, s, h)
-    const int s = o >> 4, h = (o >> 3) & 1, tt = (o & 7) >> 1;
-    const int i0 = 8 * tt + 2 * s + h;  // e = 0; e = 1 is i0 + 4
-    const float v0 = x[i0], v1 = x[i0 + 4];
-    const uint32_t hv = pf::pack_bf16(v0, v1);
-    hi[o >> 1] = hv;
-    lo[o >> 1] = pf::pack_bf16(v0 - pf::bf16_lo(hv), v1 - pf::bf16_hi(hv));
-  }
-  uint4* dh = reinterpret_cast<uint4*>(a.hi + r * a.K + 32 * c);
-  uint4* dl = reinterpret_cast<uint4*>(a.lo + r * a.K + 32 * c);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    dh[j] = make_uint4(hi[4 * j], hi[4 * j + 1], hi[4 * j + 2], hi[4 * j + 3]);
-    dl[j] = make_uint4(lo[4 * j], lo[4 * j + 1], lo[4 * j + 2], lo[4 * j + 3]);
-  }
-  if ((c & 1) == 0) a.sum[r * (a.K / 64) + c / 2] = part;
+  // Thread tid stores words 4 tid .. 4 tid + 3 (chunk lc, whose four threads are all in range).
+  const int64_t w0 = int64_t(blockIdx.x) * kSplitThreads * 4;  // the block's first word
+  reinterpret_cast<uint4*>(a.hi)[w0 / 4 + tid] = reinterpret_cast<const uint4*>(whi)[tid];
+  reinterpret_cast<uint4*>(a.lo)[w0 / 4 + tid] = reinterpret_cast<const uint4*>(wlo)[tid];
 }
 
 std::once_flag g_pipe_once;
@@ -852,8 +849,8 @@ void prefill_pipe_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s) {
 }
 
 void prefill_pipe_split_launch(const PipeSplitArgs& a, cudaStream_t s) {
-  const int64_t n = a.rows * (a.K / 32);
-  pipe_split_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(a);
+  const int64_t n = a.rows * (a.K / 8);
+  pipe_split_kernel<<<unsigned((n + kSplitThreads - 1) / kSplitThreads), kSplitThreads, 0, s>>>(a);
   KCUDA_LAUNCH("prefill_pipe_split");
 }
 
