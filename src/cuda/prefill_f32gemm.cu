@@ -4,15 +4,17 @@
 // Mat::row_f32 and the decode GEMV), fp32 accumulation. Not a throughput kernel: the router is
 // T * E * hidden (4.3 GFLOP per layer at 8192 tokens), lm_head one row.
 //
-// Tiles 64 (A rows) x 64 (W rows) x 32 (k), 256 threads as 16 x 16, 4 x 4 outputs per thread;
-// both tiles k-major in shared memory (row stride 65: conflict-free transposed stores).
+// Tiles 128 (A rows) x 64 (W rows) x 32 (k), 256 threads as 16 x 16, 8 x 4 outputs per thread
+// read as float4 from k-major tiles (3 shared loads per 32 FMA; 4 x 4 scalar-read outputs were
+// bound by their 8 loads per 16 FMA); the next k-tile is loaded into registers while this one is
+// multiplied. Each output is one fmaf chain in ascending k, as before.
 #include "cuda/common.cuh"
 #include "cuda/prefill_ops.h"
 
 namespace kestrel::cuda {
 namespace {
 
-constexpr int TM = 64, TN = 64, TK = 32, TS = 65;
+constexpr int TM = 128, TN = 64, TK = 32, TSA = TM + 4, TSW = TN + 4;
 
 template <DFmt F>
 __device__ __forceinline__ void load_w8(const DMat& w, int64_t row, int64_t k, float (&v)[8]) {
@@ -46,58 +48,63 @@ __device__ __forceinline__ void load_w8(const DMat& w, int64_t row, int64_t k, f
 
 template <DFmt F>
 __global__ void __launch_bounds__(256) gemm_f32_kernel(const PrefillGemmF32Args a) {
-  __shared__ float As[TK][TS];
-  __shared__ float Ws[TK][TS];
+  __shared__ __align__(16) float As[TK][TSA];
+  __shared__ __align__(16) float Ws[TK][TSW];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int64_t n0 = int64_t(blockIdx.x) * TN, m0 = int64_t(blockIdx.y) * TM;
-  // Loader roles: row lr of the tile, k segment ls * 8 .. ls * 8 + 7.
-  const int lr = tid / 4, ls = tid % 4;
-  const int64_t am = m0 + lr, wn = n0 + lr;
-  float acc[4][4] = {};
-  for (int64_t k0 = 0; k0 < a.K; k0 += TK) {
-    float av[8], wv[8];
+  // Loader roles: A row tid / 2, k 16 (tid % 2) .. + 15; W row tid / 4, k 8 (tid % 4) .. + 7.
+  const int ar = tid / 2, ak = 16 * (tid % 2), wr = tid / 4, wk = 8 * (tid % 4);
+  const int64_t am = m0 + ar, wn = n0 + wr;
+  float av[16], wv[8];
+  auto load = [&](int64_t k0) {
     if (am < a.M) {
-      const float4 p = *reinterpret_cast<const float4*>(a.A + am * a.lda + k0 + ls * 8);
-      const float4 q = *reinterpret_cast<const float4*>(a.A + am * a.lda + k0 + ls * 8 + 4);
-      av[0] = p.x; av[1] = p.y; av[2] = p.z; av[3] = p.w;
-      av[4] = q.x; av[5] = q.y; av[6] = q.z; av[7] = q.w;
+      const float4* src = reinterpret_cast<const float4*>(a.A + am * a.lda + k0 + ak);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 p = src[i];
+        av[4 * i] = p.x, av[4 * i + 1] = p.y, av[4 * i + 2] = p.z, av[4 * i + 3] = p.w;
+      }
     } else {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) av[i] = 0.f;
+      for (int i = 0; i < 16; ++i) av[i] = 0.f;
     }
     if (wn < a.N) {
-      load_w8<F>(a.W, wn, k0 + ls * 8, wv);
+      load_w8<F>(a.W, wn, k0 + wk, wv);
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) wv[i] = 0.f;
     }
+  };
+  float acc[8][4] = {};
+  load(0);
+  for (int64_t k0 = 0; k0 < a.K; k0 += TK) {
     __syncthreads();  // the previous tile's reads are done
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      As[ls * 8 + i][lr] = av[i];
-      Ws[ls * 8 + i][lr] = wv[i];
-    }
+    for (int i = 0; i < 16; ++i) As[ak + i][ar] = av[i];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) Ws[wk + i][wr] = wv[i];
     __syncthreads();
+    if (k0 + TK < a.K) load(k0 + TK);  // in flight during this tile's products
 #pragma unroll 8
     for (int k = 0; k < TK; ++k) {
-      float x[4], y[4];
+      const float4 x0 = *reinterpret_cast<const float4*>(&As[k][4 * ty]);
+      const float4 x1 = *reinterpret_cast<const float4*>(&As[k][64 + 4 * ty]);
+      const float4 y4 = *reinterpret_cast<const float4*>(&Ws[k][4 * tx]);
+      const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      const float y[4] = {y4.x, y4.y, y4.z, y4.w};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) x[i] = As[k][ty + 16 * i];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) y[j] = Ws[k][tx + 16 * j];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < 8; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(x[i], y[j], acc[i][j]);
     }
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t m = m0 + ty + 16 * i;
+  for (int i = 0; i < 8; ++i) {
+    const int64_t m = m0 + (i < 4 ? 4 * ty + i : 64 + 4 * ty + i - 4);
     if (m >= a.M) continue;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int64_t n = n0 + tx + 16 * j;
+      const int64_t n = n0 + 4 * tx + j;
       if (n < a.N) a.C[m * a.ldc + n] = acc[i][j];
     }
   }

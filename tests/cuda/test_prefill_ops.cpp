@@ -208,10 +208,12 @@ TEST(PrefillOps, GemmF32MatchesCpu) {
   REQUIRE_GPU();
   uint32_t seed = 100;
   for (WFormat f : {WFormat::BF16, WFormat::Q8, WFormat::Q4}) {
-    run_gemm_f32(f, 1, 4100, 2048, ++seed);   // lm_head of one row (N not a multiple of 64)
+    run_gemm_f32(f, 1, 4100, 2048, ++seed);   // one row, N not a multiple of 64
     run_gemm_f32(f, 7, 256, 2048, ++seed);    // router
     run_gemm_f32(f, 65, 256, 2048, ++seed);
     run_gemm_f32(f, 300, 16, 2048, ++seed);   // the test models' 16 experts
+    run_gemm_f32(f, 1000, 256, 2048, ++seed);  // several 128-row tiles, a partial last one
+    run_gemm_f32(f, 129, 100, 96, ++seed);     // K of three k-tiles, N of two partial tiles
   }
 }
 
