@@ -213,7 +213,7 @@ TEST(PrefillOps, GemmF32MatchesCpu) {
     run_gemm_f32(f, 65, 256, 2048, ++seed);
     run_gemm_f32(f, 300, 16, 2048, ++seed);   // the test models' 16 experts
     run_gemm_f32(f, 1000, 256, 2048, ++seed);  // several 128-row tiles, a partial last one
-    run_gemm_f32(f, 129, 100, 96, ++seed);     // K of three k-tiles, N of two partial tiles
+    run_gemm_f32(f, 129, 100, 192, ++seed);    // short K (3 groups of 64), N of two partial tiles
   }
 }
 
