@@ -1,8 +1,8 @@
 // Exact fp32 GEMM on CUDA cores for the prompt step's small products where a discrete choice
-// follows (MoE router logits -> top-k; the last position's lm_head -> greedy argmax):
+// follows (the MoE router logits -> top-k; the last position's lm_head is the decode GEMV):
 // C[m, n] = sum_k A[m, k] * W[n, k], W dequantised exactly (q * scale + bias in fp32, as
 // Mat::row_f32 and the decode GEMV), fp32 accumulation. Not a throughput kernel: the router is
-// T * E * hidden (4.3 GFLOP per layer at 8192 tokens), lm_head one row.
+// T * E * hidden (4.3 GFLOP per layer at 8192 tokens).
 //
 // Tiles 128 (A rows) x 64 (W rows) x 32 (k), 256 threads as 16 x 16, 8 x 4 outputs per thread
 // read as float4 from k-major tiles (3 shared loads per 32 FMA; 4 x 4 scalar-read outputs were

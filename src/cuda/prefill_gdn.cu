@@ -24,8 +24,9 @@ constexpr int KP = DK + 4;  // padded row of K/Q (float4-aligned)
 constexpr int AP = C + 1;
 constexpr int kThreads = 256;
 
-// 83 KB, two blocks per SM (127 registers, so the register file allows two as well): P goes to global memory as it is computed, and the right-hand sides
-// of the substitution ([k_beta exp(G) | v_beta], one column per thread) are formed in registers.
+// 83 KB, two blocks per SM (127 registers: the register file allows two as well). P goes to its
+// scratch as it is computed, and the substitution's right-hand sides ([k_beta exp(G) | v_beta],
+// one column per thread) are formed in registers.
 struct PrepSmem {
   float k[C][KP];
   float q[C][KP];

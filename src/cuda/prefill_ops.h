@@ -1,8 +1,8 @@
 // The small multi-token kernels of the prompt (prefill) step that the tensor-core families of
 // prefill.h do not cover: [T, n] RMSNorm, the GDN gated RMSNorm per head group, the embedding
 // gather and the per-sequence bookkeeping at the end of a prompt, and an exact fp32 GEMM on CUDA
-// cores (the MoE router and the last position's lm_head: same numbers as the decode GEMV and the
-// CPU oracle, so routing choices and greedy tokens do not flip on bf16 rounding).
+// cores (the MoE router: the decode GEMV's and the CPU oracle's numbers up to summation order, so
+// routing choices do not flip on bf16 rounding; the last position's lm_head is the decode GEMV).
 //
 // Plain C++ interface (includable from .cpp and .cu). The *_launch functions are the raw launches
 // (no validation) in prefill_norm.cu, prefill_tokens.cu and prefill_f32gemm.cu; callers use the

@@ -191,9 +191,10 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
           make_uint4(q4_pair(u.x, j), q4_pair(u.y, j), q4_pair(u.z, j), q4_pair(u.w, j));
   };
 
-  // A warp (warpgroup) whose rows all lie past the tile's last row (a group's partial last tile)
-  // only copies and converts: its MMAs would multiply zeros into rows nobody stores.
-  const bool warp_live = m0 + (WG ? 64 * wg : 32 * wm) < m_end;
+  // mma.sync: a warp whose rows all lie past the tile's last row (a group's partial last tile)
+  // only copies and converts: its MMAs would multiply zeros into rows nobody stores. (wgmma
+  // issues regardless; see the main loop.)
+  const bool warp_live = m0 + 32 * wm < m_end;
   float acc[2][8][4];
 #pragma unroll
   for (int i = 0; i < 2; ++i)
