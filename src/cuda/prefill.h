@@ -51,10 +51,12 @@ constexpr float kF16Max = 65504.f;
 enum class PrefillGemmKernel : uint8_t { Reg, Pipe };
 // The Pipe kernel's tensor-core instruction for Q4 weights: wgmma (two warpgroups of 64 x 128,
 // the default), wgmma warp-specialised (a producer warpgroup copying and converting, two consumer
-// warpgroups on mbarriers: a fold overlaps the next tile's wgmma) or mma.sync (8 warps of 32 x 64;
-// bf16 weights always take it). KESTREL_PIPE_MMA = wgmma | ws | sync, read at each launch (so that
-// tests cover every one); anything else is an error.
-enum class PipeMma : uint8_t { Wgmma, Ws, Sync };
+// warpgroups on mbarriers: a fold overlaps the next tile's wgmma), wgmma transposed (C^T = W X^T with
+// the dequantised weights as the register operand: no converted copy in shared memory, two scales
+// per thread and k-tile) or mma.sync (8 warps of 32 x 64; bf16 weights always take it).
+// KESTREL_PIPE_MMA = wgmma | ws | rs | sync, read at each launch (so that tests cover every one);
+// anything else is an error.
+enum class PipeMma : uint8_t { Wgmma, Ws, Rs, Sync };
 PipeMma prefill_pipe_q4_mma();
 // The warp-specialised kernel's grid: persistent (the default; one block per SM, each looping over
 // tiles, so that the producer fills the ring for the next tile during the consumers' epilogue) or
@@ -62,7 +64,7 @@ PipeMma prefill_pipe_q4_mma();
 enum class PipeWsGrid : uint8_t { Persistent, Tiles };
 PipeWsGrid prefill_pipe_ws_grid();
 inline const char* prefill_pipe_mma_name(PipeMma m) {
-  return m == PipeMma::Wgmma ? "wgmma" : m == PipeMma::Ws ? "ws" : "sync";
+  return m == PipeMma::Wgmma ? "wgmma" : m == PipeMma::Ws ? "ws" : m == PipeMma::Rs ? "rs" : "sync";
 }
 constexpr int kPipeBM = 128;  // rows per tile of the Pipe kernel (grouped: moe_route's bm)
 inline bool prefill_pipe_supports(DFmt f, int64_t K) {

@@ -378,6 +378,252 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
 }
 
 // ---------------------------------------------------------------------------------------------
+// Transposed Q4 kernel (PipeMma::Rs): C^T = W X^T on wgmma with the weights as the register
+// operand. The same numbers as the kernels above (A split hi + lo, Q4 codes exact integers, the
+// fold acc += s P per 64-group, the biases' share as a small MMA GEMM first) up to accumulation
+// order.
+//
+// Why (bench/PREFILL_NOTES.md, v8): the wgmma kernel above converts each W tile into a bf16 copy in
+// shared memory (st.shared, a fence, a double buffer) and reads both operands of every wgmma from
+// shared memory, ~148 KB of shared-memory traffic per k-tile against ~104 KB here; its fold loads
+// 32 scales per thread and k-tile, because a thread's accumulators span 32 weight rows. With W as
+// wgmma's A operand a thread's accumulators lie on 2 weight rows (2 scales per k-tile), and the
+// codes go from the cp.async stage into the A fragments in registers.
+//
+// Tile: 128 weight rows (warpgroup wg rows 64 wg .. + 63, warp w of it 16 rows) x 128 tokens (the
+// wgmma N). A thread's fragment rows are r0 = 64 wg + 16 (warp % 4) + lane / 4 and r0 + 8; with
+// SiLU, r0 is the gate and r0 + 8 the up of the same output ((r0 / 16) * 8 + lane / 4 of the
+// block's 64), so the epilogue has both in one thread. The A fragment of k16-slice 2 c + s holds
+// R_{2s}, R_{2s+1} of word lane % 4 of 32-k chunk c of each row: the k order of A_perm (the split
+// A, the B operand here, unchanged). Operands are staged as in pipe_gemm_kernel<Q4, *, true> (the
+// same 4-stage ring, W one tile ahead), so its loaders are reused as they are.
+struct RsLayout {
+  static constexpr int kA = BM * 128, kW = BN * 32;
+  static constexpr int kStage = 2 * kA + kW;
+  static constexpr int kScales = kStages * kStage;  // [2][BN][8] bf16
+  static constexpr int kBytes = kScales + 2 * BN * 16;
+  static constexpr int kStageLd = BN + 4;  // epilogue: fp32 [BM tokens][BN + 4] (conflict-free)
+  static_assert(BM * kStageLd * 4 <= kScales, "the epilogue's staging fits in the ring");
+};
+
+template <bool SILU>
+__global__ void __launch_bounds__(kThreads, 1) pipe_rs_kernel(const PrefillGemmArgs p) {
+  using L = RsLayout;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (pf::smem_u32(smem_raw) & 1023)) & 1023);
+  const uint32_t sbase = pf::smem_u32(smem);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+  const int g = lane >> 2, t = lane & 3;
+  const int r0 = 64 * wg + 16 * (warp & 3) + g;  // this thread's weight rows: r0, r0 + 8
+
+  int64_t m0, m_end, grp;
+  if (!tile_rows(p, BM, m0, m_end, grp)) return;
+  const int64_t K = p.K, KG = K / 64;
+  const int KT = int(KG);
+  auto a_row = [&](int r, bool& ok) -> int64_t {  // row of the split A for tile token r
+    const int64_t m = m0 + r;
+    ok = m < m_end;
+    if (!ok) return 0;
+    return p.a_rows ? int64_t(p.a_rows[m] / p.a_div) : m;
+  };
+  struct WRow {
+    const DMat* m;
+    int64_t row;
+    bool ok;
+  };
+  auto w_row = [&](int r) -> WRow {  // weight row of tile row r
+    int64_t col;
+    bool up = false;
+    if constexpr (SILU) {  // rows 16 q + 0..7: gates of outputs 8 q + 0..7; 16 q + 8..15: their ups
+      col = int64_t(blockIdx.x) * 64 + (r >> 4) * 8 + (r & 7);
+      up = (r & 8) != 0;
+    } else {
+      col = int64_t(blockIdx.x) * BN + r;
+    }
+    const bool ok = col < p.N;
+    return {up ? &p.W2 : &p.W, grp * p.N + (ok ? col : 0), ok};
+  };
+
+  // Copies, as pipe_gemm_kernel's Q4 path: A rows (tid >> 3) + 32 i chunk tid & 7 (both planes),
+  // W row tid >> 1 chunk tid & 1, scale chunks of row tid (tid < 128).
+  const int ac = tid & 7;
+  int64_t a_src[4];
+  bool a_ok[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) a_src[i] = a_row((tid >> 3) + 32 * i, a_ok[i]) * K + 8 * ac;
+  const WRow wr = w_row(tid >> 1);
+  const bool w_ok = wr.ok;
+  const uint8_t* w_src = static_cast<const uint8_t*>(wr.m->data) + wr.row * (K / 2) + 16 * (tid & 1);
+  const uint16_t* sc_src = nullptr;
+  bool sc_ok = false;
+  if (tid < BN) {
+    const WRow w = w_row(tid);
+    sc_ok = w.ok;
+    sc_src = w.m->scales + w.row * KG;
+  }
+  const uint8_t* ahi = reinterpret_cast<const uint8_t*>(p.pipe.hi);
+  const uint8_t* alo = reinterpret_cast<const uint8_t*>(p.pipe.lo);
+  auto load_a = [&](int kt) {
+    const uint32_t st = sbase + uint32_t((kt % kStages) * L::kStage);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = (tid >> 3) + 32 * i;
+      const size_t off = size_t(a_src[i] + int64_t(kt) * BK) * 2;
+      pf::cp_async16(st + a_off(r, ac), ahi + off, a_ok[i]);
+      pf::cp_async16(st + L::kA + a_off(r, ac), alo + off, a_ok[i]);
+    }
+  };
+  auto load_w = [&](int kt) {
+    const uint32_t st = sbase + uint32_t((kt % kStages) * L::kStage + 2 * L::kA);
+    pf::cp_async16(st + wq_off(tid >> 1, tid & 1), w_src + size_t(kt) * 32, w_ok);
+    if (kt % kChunkTiles == 0 && tid < BN)
+      pf::cp_async16(sbase + uint32_t(L::kScales + ((kt / kChunkTiles) & 1) * BN * 16 + tid * 16), sc_src + kt,
+                     sc_ok);
+  };
+  // The A fragments of W tile kt: words lane % 4 of both 32-k chunks of rows r0, r0 + 8.
+  auto frags = [&](int kt, uint32_t (&f)[4][4]) {
+    const uint8_t* sw = smem + (kt % kStages) * L::kStage + 2 * L::kA;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const uint32_t w0 = *reinterpret_cast<const uint32_t*>(sw + wq_off(r0, c) + 4 * t);
+      const uint32_t w1 = *reinterpret_cast<const uint32_t*>(sw + wq_off(r0 + 8, c) + 4 * t);
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        f[2 * c + s][0] = q4_pair(w0, 2 * s);
+        f[2 * c + s][1] = q4_pair(w1, 2 * s);
+        f[2 * c + s][2] = q4_pair(w0, 2 * s + 1);
+        f[2 * c + s][3] = q4_pair(w1, 2 * s + 1);
+      }
+    }
+  };
+
+  // acc[j][e]: weight row r0 + 8 (e / 2), token 8 j + 2 t + (e % 2) (wgmma's accumulator layout).
+  float acc[16][4];
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+
+  load_w(0);  // group P: W tile 0; then group j = A tile j + W tile j + 1 (W runs one ahead)
+  pf::cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < KT) load_a(s);
+    if (s + 1 < KT) load_w(s + 1);
+    pf::cp_async_commit();
+  }
+  {
+    // The biases' share, sum_g b[n, g] sum(A)[m, g], as an MMA over the K / 64 groups (padded to
+    // 16) while the first tiles load: A = the bf16 biases of rows r0, r0 + 8 (exact), B = the
+    // sums of the tokens split hi + lo.
+    const float* sum = p.pipe.sum;
+    const WRow wa = w_row(r0), wb = w_row(r0 + 8);
+    const uint16_t* ba = wa.m->biases + wa.row * KG;
+    const uint16_t* bb = wb.m->biases + wb.row * KG;
+    for (int k0 = 0; k0 < KG; k0 += 16) {
+      uint32_t ab[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int64_t kk = k0 + 2 * t + 8 * (q >> 1);
+        const bool ok = (q & 1 ? wb.ok : wa.ok) && kk < KG;
+        ab[q] = ok ? *reinterpret_cast<const uint32_t*>((q & 1 ? bb : ba) + kk) : 0u;
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        bool ok;
+        const int64_t srow = a_row(8 * j + g, ok) * KG;
+        uint32_t bh[2], bl[2];
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int64_t kk = k0 + 2 * t + 8 * q;
+          float2 v = make_float2(0.f, 0.f);
+          if (ok && kk < KG) v = *reinterpret_cast<const float2*>(sum + srow + kk);
+          bh[q] = pf::pack_bf16(v.x, v.y);
+          bl[q] = pf::pack_bf16(v.x - pf::bf16_lo(bh[q]), v.y - pf::bf16_hi(bh[q]));
+        }
+        pf::mma_bf16(acc[j], ab, bh[0], bh[1]);
+        pf::mma_bf16(acc[j], ab, bl[0], bl[1]);
+      }
+    }
+  }
+  float tq[16][4];  // a k-tile's integer products
+  auto fold = [&](int k) {
+    const uint16_t* ss =
+        reinterpret_cast<const uint16_t*>(smem + L::kScales) + ((k / kChunkTiles) & 1) * BN * 8 + k % kChunkTiles;
+    const float s0 = bf16_bits_to_f32(ss[r0 * 8]), s1 = bf16_bits_to_f32(ss[(r0 + 8) * 8]);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      acc[j][0] = fmaf(s0, tq[j][0], acc[j][0]);
+      acc[j][1] = fmaf(s0, tq[j][1], acc[j][1]);
+      acc[j][2] = fmaf(s1, tq[j][2], acc[j][2]);
+      acc[j][3] = fmaf(s1, tq[j][3], acc[j][3]);
+    }
+  };
+  uint32_t cf[4][4];  // the A fragments of the k-tile being multiplied
+  pf::cp_async_wait<kStages - 1>();  // group P (W tile 0) has landed for this thread
+  __syncthreads();
+  frags(0, cf);
+  for (int kt = 0; kt < KT; ++kt) {
+    pf::cp_async_wait<kStages - 2>();  // A tile kt (and W tile kt + 1) of this thread landed
+    wg::fence_proxy_async();           // ... and is wgmma's to read
+    __syncthreads();                   // ... for every thread; tile kt - 1's buffers are free
+    {
+      const int j = kt + kStages - 1;
+      if (j < KT) load_a(j);
+      if (j + 1 < KT) load_w(j + 1);
+      pf::cp_async_commit();
+    }
+    // Ping-pong as in pipe_gemm_kernel: warpgroup 1 folds k-tile kt - 1 before issuing kt,
+    // warpgroup 0 folds kt after its wait, so one warpgroup's fold runs under the other's wgmma.
+    if (wg == 1 && kt > 0) fold(kt - 1);
+    const uint32_t b = sbase + uint32_t((kt % kStages) * L::kStage);
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      wg::mma_m64n128k16_bf16_rs(tq, cf[ks], wg::desc_sw128(b + 32 * ks), ks > 0);
+      wg::mma_m64n128k16_bf16_rs(tq, cf[ks], wg::desc_sw128(b + L::kA + 32 * ks), true);
+    }
+    wg::commit();
+    uint32_t nf[4][4];
+    if (kt + 1 < KT) frags(kt + 1, nf);
+    wg::wait<0>();
+    if (wg == 0) fold(kt);
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) cf[ks][q] = nf[ks][q];
+  }
+  if (wg == 1) fold(KT - 1);
+  pf::cp_async_wait<0>();
+  __syncthreads();  // every wgmma and copy is done: the ring becomes the epilogue's staging
+
+  // Stage the tile as fp32 [token][column] (SiLU: silu(gate) * up, 64 columns), then store rows of
+  // consecutive columns (coalesced; store_pair does the epilogue's scatter, scale and residual).
+  float* stg = reinterpret_cast<float*>(smem);
+  constexpr int NC = SILU ? 64 : BN;  // output columns of the tile
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int m = 8 * j + 2 * t + e;
+      if constexpr (SILU) {
+        stg[m * L::kStageLd + (r0 >> 4) * 8 + g] = silu_f(acc[j][e]) * acc[j][2 + e];
+      } else {
+        stg[m * L::kStageLd + r0] = acc[j][e];
+        stg[m * L::kStageLd + r0 + 8] = acc[j][2 + e];
+      }
+    }
+  __syncthreads();
+  const int64_t col0 = int64_t(blockIdx.x) * NC;
+  for (int i = tid; i < BM * (NC / 2); i += kThreads) {
+    const int m = i / (NC / 2), c = 2 * (i % (NC / 2));
+    if (m0 + m >= m_end) break;  // (rows in order: every later i is past the end too)
+    const float2 v = *reinterpret_cast<const float2*>(stg + m * L::kStageLd + c);
+    store_pair(p, m0 + m, col0 + c, v.x, v.y);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Warp-specialised Q4 kernel (PipeMma::Ws): the same numbers as the wgmma kernel above, with the
 // block barrier per k-tile replaced by mbarriers between a producer warpgroup and two consumer
 // warpgroups, so that the fold of a k-tile's products overlaps the next k-tile's wgmma.
@@ -801,6 +1047,15 @@ void launch(const PrefillGemmArgs& a, cudaStream_t s) {
 }
 
 constexpr int kWsSmemBytes = WsLayout::kBytes + 1024;
+constexpr int kRsSmemBytes = RsLayout::kBytes + 1024;
+
+template <bool SILU>
+void launch_rs(const PrefillGemmArgs& a, cudaStream_t s) {
+  const unsigned gx = unsigned(SILU ? (a.N + 63) / 64 : (a.N + BN - 1) / BN);
+  const unsigned gy = unsigned(a.groups > 0 ? a.max_tiles : (a.M + BM - 1) / BM);
+  pipe_rs_kernel<SILU><<<dim3(gx, gy), kThreads, kRsSmemBytes, s>>>(a);
+  KCUDA_LAUNCH("prefill_pipe_rs_gemm");
+}
 
 template <bool SILU>
 void launch_ws(const PrefillGemmArgs& a, cudaStream_t s) {
@@ -832,6 +1087,8 @@ void prefill_pipe_init() {
     KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::BF16, true, false>, attr, kSmemBytes<DFmt::BF16>));
     KCUDA(cudaFuncSetAttribute(pipe_ws_kernel<false>, attr, kWsSmemBytes));
     KCUDA(cudaFuncSetAttribute(pipe_ws_kernel<true>, attr, kWsSmemBytes));
+    KCUDA(cudaFuncSetAttribute(pipe_rs_kernel<false>, attr, kRsSmemBytes));
+    KCUDA(cudaFuncSetAttribute(pipe_rs_kernel<true>, attr, kRsSmemBytes));
   });
 }
 
@@ -841,6 +1098,7 @@ void prefill_pipe_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s) {
   if (a.W.fmt == DFmt::Q4) {
     switch (prefill_pipe_q4_mma()) {
       case PipeMma::Ws: silu ? launch_ws<true>(a, s) : launch_ws<false>(a, s); break;
+      case PipeMma::Rs: silu ? launch_rs<true>(a, s) : launch_rs<false>(a, s); break;
       case PipeMma::Wgmma: silu ? launch<DFmt::Q4, true, true>(a, s) : launch<DFmt::Q4, false, true>(a, s); break;
       case PipeMma::Sync: silu ? launch<DFmt::Q4, true, false>(a, s) : launch<DFmt::Q4, false, false>(a, s); break;
     }

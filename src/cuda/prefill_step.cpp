@@ -171,7 +171,8 @@ PipeMma prefill_pipe_q4_mma() {
   const char* e = std::getenv("KESTREL_PIPE_MMA");
   if (e == nullptr || *e == 0 || std::strcmp(e, "wgmma") == 0) return PipeMma::Wgmma;
   if (std::strcmp(e, "ws") == 0) return PipeMma::Ws;
-  KESTREL_CHECK(std::strcmp(e, "sync") == 0, "KESTREL_PIPE_MMA={}: expected wgmma, ws or sync", e);
+  if (std::strcmp(e, "rs") == 0) return PipeMma::Rs;
+  KESTREL_CHECK(std::strcmp(e, "sync") == 0, "KESTREL_PIPE_MMA={}: expected wgmma, ws, rs or sync", e);
   return PipeMma::Sync;
 }
 

@@ -608,7 +608,7 @@ TEST(PrefillPipe, RejectsWhatItDoesNotTake) {
 }
 
 // The Q4 Pipe GEMMs above run on wgmma (the default); the same shapes on the other Q4 kernels
-// (KESTREL_PIPE_MMA=sync | ws), and the switch's refusal of anything else.
+// (KESTREL_PIPE_MMA=sync | ws | rs), and the switch's refusal of anything else.
 struct PipeMmaEnv {
   explicit PipeMmaEnv(const char* v) { setenv("KESTREL_PIPE_MMA", v, 1); }
   ~PipeMmaEnv() { unsetenv("KESTREL_PIPE_MMA"); }
@@ -639,6 +639,15 @@ TEST(PrefillPipe, Q4OnMmaSync) {
   const PipeMmaEnv e("sync");
   ASSERT_EQ(prefill_pipe_q4_mma(), PipeMma::Sync);
   run_pipe_q4_shapes(680);
+}
+
+// The transposed kernel (weights as wgmma's register operand): its own row order of gate|up and
+// its staged epilogue, on the same shapes.
+TEST(PrefillPipe, Q4OnTransposedWgmma) {
+  REQUIRE_GPU();
+  const PipeMmaEnv e("rs");
+  ASSERT_EQ(prefill_pipe_q4_mma(), PipeMma::Rs);
+  run_pipe_q4_shapes(3680);
 }
 
 // The warp-specialised kernel on both of its grids: persistent (the default; fewer blocks than

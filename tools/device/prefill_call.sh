@@ -2,10 +2,13 @@
 # One device call for prompt-path work with binaries built here (carry ["build-xfer"]:
 # build-xfer/pack.tar.xz = tar -cJf of build-pack from `tools/gpu_check.sh --pack build build-pack`,
 # optionally with an older kestrel as build-pack/bin/kestrel_old for the A/B):
-#   1. the prompt-path GPU tests (TESTS, a gtest filter; "none" skips);
-#   2. the A/B of the q4 prompt bench (tools/device/ab.sh, AB_KIND=prefill) over VARIANTS;
-#   3. the records: q4 at REC_Q4 prompt sizes, bf16 at REC_BF16 (JSON under results/);
-#   4. a Nsight Compute profile of one 4K q4 prompt (tools/device/profile.sh, PROFILE=0 skips).
+#   1. the prompt-path GPU tests (TESTS, a gtest filter; "none" skips; TESTS2 + TESTS2_ENV a second
+#      run under other settings); SASS (a regex) dumps those kernels' SASS;
+#   2. the A/B of the q4 prompt bench (tools/device/ab.sh, AB_KIND=prefill) over VARIANTS (";X=1"
+#      is the defaults and X=1; ab.sh drops a trailing empty variant);
+#   3. the records: q4 at REC_Q4 prompt sizes, bf16 at REC_BF16 (JSON under results/; REC_ENV);
+#   4. a Nsight Compute profile of one 4K q4 prompt (tools/device/profile.sh, PROFILE=0 skips;
+#      PROFILE_ENV).
 # Everything goes into $OUT/call.tgz, re-packed after each stage so that a call stopped at its
 # limit still returns what was done; $OUT/summary.txt is the short log.
 #   KESTREL_GIT_SHA: the commit of the binaries (the device copy is not a git repository).
@@ -33,24 +36,40 @@ if [ "$T" != none ]; then
   pack
 fi
 
+# A second test run under other settings (TESTS2, a gtest filter; TESTS2_ENV, VAR=value words).
+if [ -n "${TESTS2:-}" ]; then
+  T0=$(date +%s)
+  env ${TESTS2_ENV:-} timeout "${TEST_TIMEOUT:-240}" $B/test_cuda --gtest_filter="$TESTS2" > "$W/test_cuda2.log" 2>&1
+  note "tests [${TESTS2_ENV:-}]: rc=$? in $(( $(date +%s) - T0 )) s"
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|tests ran" "$W/test_cuda2.log" | head -40 | tee -a "$S"
+  pack
+fi
+# The SASS of the kernels matching SASS (a regex on mangled names): instruction mix per kernel.
+if [ -n "${SASS:-}" ]; then
+  /usr/local/cuda/bin/cuobjdump -sass $B/kestrel 2>/dev/null | awk -v re="$SASS" '
+    /Function :/ { keep = ($0 ~ re) } keep { print }' > "$W/sass.txt"
+  note "sass: $(grep -c 'Function :' "$W/sass.txt") functions, $(wc -l < "$W/sass.txt") lines"
+  pack
+fi
+
 if [ -n "${VARIANTS+x}" ]; then
   T0=$(date +%s)
   OUT=$W/ab AB_KIND=prefill PREFILL="${AB_PREFILL:-2048,4096,32768}" BIN=$B bash tools/device/ab.sh > "$W/ab_stdout.log" 2>&1
   note "ab: rc=$? in $(( $(date +%s) - T0 )) s"
-  grep -E "^== |tok/s" "$W/ab/ab.log" | tee -a "$S"
+  cat "$W/ab/ab.log" | tee -a "$S"
   pack
 fi
 
 if [ "${REC_Q4:-512,4096,32768,131072}" != none ]; then
   T0=$(date +%s)
-  timeout 200 $B/kestrel bench --synthetic q4 --prefill "${REC_Q4:-512,4096,32768,131072}" --prefill-runs 3 \
+  env ${REC_ENV:-} timeout 200 $B/kestrel bench --synthetic q4 --prefill "${REC_Q4:-512,4096,32768,131072}" --prefill-runs 3 \
     --prefill-aprec split --prefill-gemm auto --out "$W/results" > "$W/rec_q4.log" 2>&1
   note "records q4: rc=$? in $(( $(date +%s) - T0 )) s"; grep -vE '^\s*$' "$W/rec_q4.log" | tail -6 | tee -a "$S"
   pack
 fi
 if [ "${REC_BF16:-512,4096,32768}" != none ]; then
   T0=$(date +%s)
-  timeout 150 $B/kestrel bench --synthetic bf16 --prefill "${REC_BF16:-512,4096,32768}" --prefill-runs 3 \
+  env ${REC_ENV:-} timeout 150 $B/kestrel bench --synthetic bf16 --prefill "${REC_BF16:-512,4096,32768}" --prefill-runs 3 \
     --prefill-aprec split --prefill-gemm auto --out "$W/results" > "$W/rec_bf16.log" 2>&1
   note "records bf16: rc=$? in $(( $(date +%s) - T0 )) s"; grep -vE '^\s*$' "$W/rec_bf16.log" | tail -5 | tee -a "$S"
   pack
@@ -58,7 +77,7 @@ fi
 
 if [ "${PROFILE:-1}" != 0 ]; then
   T0=$(date +%s)
-  OUT=$W KESTREL_BIN=$B/kestrel PARTS=prefill DETAIL="${DETAIL:-1}" DETAIL_KERNEL="${DETAIL_KERNEL:-pipe_gemm_kernel}" \
+  env ${PROFILE_ENV:-} OUT=$W KESTREL_BIN=$B/kestrel PARTS=prefill DETAIL="${DETAIL:-1}" DETAIL_KERNEL="${DETAIL_KERNEL:-pipe_gemm_kernel}" \
     DETAIL_COUNT="${DETAIL_COUNT:-1}" timeout "${PROFILE_TIMEOUT:-200}" bash tools/device/profile.sh --prebuilt > "$W/profile_stdout.log" 2>&1
   note "profile: rc=$? in $(( $(date +%s) - T0 )) s"
   head -30 "$W"/profile/summary_prefill*.txt 2>/dev/null | tee -a "$S"
