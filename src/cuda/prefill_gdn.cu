@@ -200,7 +200,8 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_kernel(const PrefillGdnArgs
   // round trip); each buffer of chunk ch + 1 is requested as soon as chunk ch has finished reading
   // it (W and U after V', Qe and P after O, Kd after the state update), so the loads overlap the
   // next products instead of preceding every chunk (measured at da3230e: 1.16 ms per layer for
-  // 64 chunks, mostly staging latency).
+  // 64 chunks, mostly staging latency). Kd, requested last (after the state update), is waited
+  // for only before the next update, not at the chunk's start.
   auto stage_rows = [&](float (*dst)[DK], const float* src, int64_t ch) {
     for (int x = tid; x < C * 32; x += kThreads) {
       const int i = x / 32, c4 = x % 32;
@@ -217,17 +218,21 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_kernel(const PrefillGdnArgs
     const float* Pg = g.P + (ch * a.Hv + j) * C * C;
     for (int x = tid; x < C * C / 4; x += kThreads) pf::cp_async16(&sm.P[0][0] + 4 * x, Pg + 4 * x);
   };
+  // Commit groups: chunk ch's Kd is always the most recent group when chunk ch starts, and only
+  // the state update needs it, so the chunk waits for everything else first (wait_group 1) and
+  // for Kd before the update (wait_group 1 again: W and U of ch + 1 are then the most recent).
   stage_rows(sm.W, g.W, 0);
   stage_rows(sm.Qe, g.Qe, 0);
-  stage_rows(sm.Kd, g.Kd, 0);
   stage_P(0);
   stage_U(0);
+  pf::cp_async_commit();
+  stage_rows(sm.Kd, g.Kd, 0);
   pf::cp_async_commit();
   for (int64_t ch = 0; ch < nch; ++ch) {
     const int64_t t0 = ch * C;
     const bool more = ch + 1 < nch;
     const float eL = g.eL[ch * a.Hv + j];
-    pf::cp_async_wait_all();
+    pf::cp_async_wait<1>();  // W, U, Qe, P of chunk ch (its Kd may still be in flight)
     __syncthreads();
     // V' = U - W S (64 x 32): thread column c, rows i0..i0+7.
     {
@@ -278,6 +283,7 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_kernel(const PrefillGdnArgs
         if (t < a.T) a.o[t * (int64_t(a.Hv) * DV) + j * DV + sl * DVS + c] = acc[e];
       }
     }
+    pf::cp_async_wait<1>();  // Kd of chunk ch (W and U of ch + 1 may still be in flight)
     __syncthreads();
     if (more) {  // Qe and P consumed
       stage_rows(sm.Qe, g.Qe, ch + 1);
