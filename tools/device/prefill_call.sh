@@ -40,7 +40,13 @@ fi
 if [ -n "${TESTS2:-}" ]; then
   T0=$(date +%s)
   env ${TESTS2_ENV:-} timeout "${TEST_TIMEOUT:-240}" $B/test_cuda --gtest_filter="$TESTS2" > "$W/test_cuda2.log" 2>&1
-  note "tests [${TESTS2_ENV:-}]: rc=$? in $(( $(date +%s) - T0 )) s"
+  rc2=$?
+  note "tests [${TESTS2_ENV:-}]: rc=$rc2 in $(( $(date +%s) - T0 )) s"
+  # IF_TESTS2_PASS=1: the records and the profile run under TESTS2_ENV only if these tests passed.
+  if [ "${IF_TESTS2_PASS:-0}" = 1 ]; then
+    if [ $rc2 = 0 ]; then REC_ENV=$TESTS2_ENV; PROFILE_ENV=$TESTS2_ENV; else REC_ENV=""; PROFILE_ENV=""; fi
+    note "records and profile under [${REC_ENV}]"
+  fi
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|tests ran" "$W/test_cuda2.log" | head -40 | tee -a "$S"
   pack
 fi
