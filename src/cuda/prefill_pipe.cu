@@ -587,9 +587,9 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_rs_kernel(const PrefillGemmA
     uint32_t nf[4][4];
     if (kt + 1 < KT) frags(kt + 1, nf);
     wg::wait<0>();
-    // The wgmma read cf until the wait: a use here keeps its registers from being reused before
-    // (ptxas ends a register operand's live range at the wgmma that reads it, and at 6e65da4 put
-    // the next fragments' addresses into cf's registers while the group was in flight: NaNs).
+    // The wgmma read cf until the wait (writing it before is undefined, PTX ISA wgmma.mma_async):
+    // this use keeps cf alive through the wait. Without it cf is dead after its last wgmma to the
+    // compiler, which at 6e65da4 built nf in cf's PTX registers between commit and wait (NaNs).
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
