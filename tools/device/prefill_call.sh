@@ -66,20 +66,17 @@ if [ -n "${VARIANTS+x}" ]; then
   pack
 fi
 
-if [ "${REC_Q4:-512,4096,32768,131072}" != none ]; then
-  T0=$(date +%s)
-  env ${REC_ENV:-} timeout 200 $B/kestrel bench --synthetic q4 --prefill "${REC_Q4:-512,4096,32768,131072}" --prefill-runs 3 \
-    --prefill-aprec split --prefill-gemm auto --out "$W/results" > "$W/rec_q4.log" 2>&1
-  note "records q4: rc=$? in $(( $(date +%s) - T0 )) s"; grep -vE '^\s*$' "$W/rec_q4.log" | tail -6 | tee -a "$S"
+# record WEIGHTS SIZES LIMIT_S: the prompt bench's JSON records (under REC_ENV) into results/.
+record() {
+  [ "$2" = none ] && return
+  local T0=$(date +%s)
+  env ${REC_ENV:-} timeout "$3" $B/kestrel bench --synthetic "$1" --prefill "$2" --prefill-runs 3 \
+    --prefill-aprec split --prefill-gemm auto --out "$W/results" > "$W/rec_$1.log" 2>&1
+  note "records $1: rc=$? in $(( $(date +%s) - T0 )) s"; grep -vE '^\s*$' "$W/rec_$1.log" | tail -6 | tee -a "$S"
   pack
-fi
-if [ "${REC_BF16:-512,4096,32768}" != none ]; then
-  T0=$(date +%s)
-  env ${REC_ENV:-} timeout 150 $B/kestrel bench --synthetic bf16 --prefill "${REC_BF16:-512,4096,32768}" --prefill-runs 3 \
-    --prefill-aprec split --prefill-gemm auto --out "$W/results" > "$W/rec_bf16.log" 2>&1
-  note "records bf16: rc=$? in $(( $(date +%s) - T0 )) s"; grep -vE '^\s*$' "$W/rec_bf16.log" | tail -5 | tee -a "$S"
-  pack
-fi
+}
+record q4 "${REC_Q4:-512,4096,32768,131072}" 200
+record bf16 "${REC_BF16:-512,4096,32768}" 150
 
 if [ "${PROFILE:-1}" != 0 ]; then
   T0=$(date +%s)
