@@ -71,6 +71,59 @@ __device__ __forceinline__ uint32_t q4_pair(uint32_t w, int j) {
   return r;
 }
 
+// Row of the split A for tile row r of a tile starting at row m0 (gathered for the experts);
+// ok = false (and row 0) past the group's last row m_end.
+__device__ __forceinline__ int64_t pipe_a_row(const PrefillGemmArgs& p, int64_t m0, int64_t m_end, int r,
+                                              bool& ok) {
+  const int64_t m = m0 + r;
+  ok = m < m_end;
+  if (!ok) return 0;
+  return p.a_rows ? int64_t(p.a_rows[m] / p.a_div) : m;
+}
+
+// A weight row: W, or W2 (the up of SiLU), its row in group grp's [N] rows, and whether output
+// column col exists.
+struct PipeWRow {
+  const DMat* m;
+  int64_t row;
+  bool ok;
+};
+__device__ __forceinline__ PipeWRow pipe_w_row(const PrefillGemmArgs& p, int64_t grp, int64_t col, bool up) {
+  const bool ok = col < p.N;
+  return {up ? &p.W2 : &p.W, grp * p.N + (ok ? col : 0), ok};
+}
+
+// This thread's copies of the split A's k-tiles into a stage (hi at the stage's start, lo BM * 128
+// bytes on): tile rows (tid >> 3) + 32 i, 16-byte chunk tid & 7, zeros past the group's rows.
+struct PipeACopies {
+  const uint8_t* hi;
+  const uint8_t* lo;
+  int64_t src[4];
+  bool ok[4];
+  uint32_t soff;  // the shared-memory offset of row tid >> 3's chunk (row + 32 i: + 4096 i)
+  __device__ PipeACopies(const PrefillGemmArgs& p, int64_t m0, int64_t m_end, int tid)
+      : hi(reinterpret_cast<const uint8_t*>(p.pipe.hi)),
+        lo(reinterpret_cast<const uint8_t*>(p.pipe.lo)),
+        soff(uint32_t(a_off(tid >> 3, tid & 7))) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) src[i] = pipe_a_row(p, m0, m_end, (tid >> 3) + 32 * i, ok[i]) * p.K + 8 * (tid & 7);
+  }
+  __device__ __forceinline__ void load(uint32_t stage, int kt) const {
+    // (members read into registers first: each cp.async's "memory" clobber would reload them)
+    const uint8_t *h = hi, *l = lo;
+    const uint32_t st = stage + soff;
+    int64_t sr[4];
+    bool k[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sr[i] = src[i], k[i] = ok[i];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const size_t off = size_t(sr[i] + int64_t(kt) * BK) * 2;
+      pf::cp_async16(st + uint32_t(4096 * i), h + off, k[i]);
+      pf::cp_async16(st + uint32_t(BM * 128 + 4096 * i), l + off, k[i]);
+    }
+  }
+};
 // WG = false: mma.sync, 8 warps as 4 (rows) x 2 (columns) of 32 x 64; WG = true (Q4 only): wgmma,
 // 2 warpgroups of 64 rows x 128 columns. acc[i][nt][4] is, per thread, the m16n8 fragment of
 // rows RB(i) + g + 8 h and columns 64 half(i) + 8 nt + 2 t + e (SiLU: 32 half(i) + ... of the
@@ -95,17 +148,8 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
   if (!tile_rows(p, BM, m0, m_end, grp)) return;
   const int64_t K = p.K, KG = K / 64;
   const int KT = int(KG);
-  auto a_row = [&](int r, bool& ok) -> int64_t {  // row of the split A for tile row r
-    const int64_t m = m0 + r;
-    ok = m < m_end;
-    if (!ok) return 0;
-    return p.a_rows ? int64_t(p.a_rows[m] / p.a_div) : m;
-  };
-  struct WRow {
-    const DMat* m;  // W, or W2 (up) for the second half of a SiLU warp's rows
-    int64_t row;
-    bool ok;
-  };
+  auto a_row = [&](int r, bool& ok) { return pipe_a_row(p, m0, m_end, r, ok); };
+  using WRow = PipeWRow;
   auto w_row = [&](int r) -> WRow {  // weight row of shared W row r
     int64_t col;
     bool up = false;
@@ -116,17 +160,12 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
     } else {
       col = int64_t(blockIdx.x) * BN + r;
     }
-    const bool ok = col < p.N;
-    return {up ? &p.W2 : &p.W, grp * p.N + (ok ? col : 0), ok};
+    return pipe_w_row(p, grp, col, up);
   };
 
-  // This thread's copies of each k-tile: A rows (tid >> 3) + 32 i, chunk tid & 7 (both planes);
-  // W: Q4 row tid >> 1 chunk tid & 1, bf16 rows (tid >> 3) + 32 i chunk tid & 7.
-  const int ac = tid & 7;
-  int64_t a_src[4];
-  bool a_ok[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) a_src[i] = a_row((tid >> 3) + 32 * i, a_ok[i]) * K + 8 * ac;
+  // This thread's copies of each k-tile: A as PipeACopies; W: Q4 row tid >> 1 chunk tid & 1,
+  // bf16 rows (tid >> 3) + 32 i chunk tid & 7.
+  const PipeACopies acp(p, m0, m_end, tid);
   constexpr int WN = QW ? 1 : 4;
   const uint8_t* w_src[WN];
   bool w_ok[WN];
@@ -148,19 +187,7 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
       sc_src = w.m->scales + w.row * KG;
     }
   }
-  const uint8_t* ahi = reinterpret_cast<const uint8_t*>(p.pipe.hi);
-  const uint8_t* alo = reinterpret_cast<const uint8_t*>(p.pipe.lo);
-
-  auto load_a = [&](int kt) {
-    const uint32_t st = sbase + uint32_t((kt % kStages) * L::kStage);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = (tid >> 3) + 32 * i;
-      const size_t off = size_t(a_src[i] + int64_t(kt) * BK) * 2;
-      pf::cp_async16(st + a_off(r, ac), ahi + off, a_ok[i]);
-      pf::cp_async16(st + L::kA + a_off(r, ac), alo + off, a_ok[i]);
-    }
-  };
+  auto load_a = [&](int kt) { acp.load(sbase + uint32_t((kt % kStages) * L::kStage), kt); };
   auto load_w = [&](int kt) {
     const uint32_t st = sbase + uint32_t((kt % kStages) * L::kStage + 2 * L::kA);
 #pragma unroll
@@ -420,17 +447,8 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_rs_kernel(const PrefillGemmA
   if (!tile_rows(p, BM, m0, m_end, grp)) return;
   const int64_t K = p.K, KG = K / 64;
   const int KT = int(KG);
-  auto a_row = [&](int r, bool& ok) -> int64_t {  // row of the split A for tile token r
-    const int64_t m = m0 + r;
-    ok = m < m_end;
-    if (!ok) return 0;
-    return p.a_rows ? int64_t(p.a_rows[m] / p.a_div) : m;
-  };
-  struct WRow {
-    const DMat* m;
-    int64_t row;
-    bool ok;
-  };
+  auto a_row = [&](int r, bool& ok) { return pipe_a_row(p, m0, m_end, r, ok); };  // tile token r
+  using WRow = PipeWRow;
   auto w_row = [&](int r) -> WRow {  // weight row of tile row r
     int64_t col;
     bool up = false;
@@ -440,17 +458,12 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_rs_kernel(const PrefillGemmA
     } else {
       col = int64_t(blockIdx.x) * BN + r;
     }
-    const bool ok = col < p.N;
-    return {up ? &p.W2 : &p.W, grp * p.N + (ok ? col : 0), ok};
+    return pipe_w_row(p, grp, col, up);
   };
 
-  // Copies, as pipe_gemm_kernel's Q4 path: A rows (tid >> 3) + 32 i chunk tid & 7 (both planes),
-  // W row tid >> 1 chunk tid & 1, scale chunks of row tid (tid < 128).
-  const int ac = tid & 7;
-  int64_t a_src[4];
-  bool a_ok[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) a_src[i] = a_row((tid >> 3) + 32 * i, a_ok[i]) * K + 8 * ac;
+  // Copies, as pipe_gemm_kernel's Q4 path: A as PipeACopies, W row tid >> 1 chunk tid & 1, scale
+  // chunks of row tid (tid < 128).
+  const PipeACopies acp(p, m0, m_end, tid);
   const WRow wr = w_row(tid >> 1);
   const bool w_ok = wr.ok;
   const uint8_t* w_src = static_cast<const uint8_t*>(wr.m->data) + wr.row * (K / 2) + 16 * (tid & 1);
@@ -461,18 +474,7 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_rs_kernel(const PrefillGemmA
     sc_ok = w.ok;
     sc_src = w.m->scales + w.row * KG;
   }
-  const uint8_t* ahi = reinterpret_cast<const uint8_t*>(p.pipe.hi);
-  const uint8_t* alo = reinterpret_cast<const uint8_t*>(p.pipe.lo);
-  auto load_a = [&](int kt) {
-    const uint32_t st = sbase + uint32_t((kt % kStages) * L::kStage);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = (tid >> 3) + 32 * i;
-      const size_t off = size_t(a_src[i] + int64_t(kt) * BK) * 2;
-      pf::cp_async16(st + a_off(r, ac), ahi + off, a_ok[i]);
-      pf::cp_async16(st + L::kA + a_off(r, ac), alo + off, a_ok[i]);
-    }
-  };
+  auto load_a = [&](int kt) { acp.load(sbase + uint32_t((kt % kStages) * L::kStage), kt); };
   auto load_w = [&](int kt) {
     const uint32_t st = sbase + uint32_t((kt % kStages) * L::kStage + 2 * L::kA);
     pf::cp_async16(st + wq_off(tid >> 1, tid & 1), w_src + size_t(kt) * 32, w_ok);
