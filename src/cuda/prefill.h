@@ -58,6 +58,10 @@ enum class PrefillGemmKernel : uint8_t { Reg, Pipe };
 // anything else is an error.
 enum class PipeMma : uint8_t { Wgmma, Ws, Rs, Sync };
 PipeMma prefill_pipe_q4_mma();
+// The Rs kernel's MoE tail tiles (PrefillGemmArgs::tail_off): an expert's last rows_g % 128 rows,
+// when at most 64, on a 64-token tile (half the wgmma and activation copies of a 128-token one).
+// KESTREL_PIPE_RS_TAIL = 0 (default) | 1; anything else is an error.
+bool prefill_pipe_rs_tail();
 // The warp-specialised kernel's grid: persistent (the default; one block per SM, each looping over
 // tiles, so that the producer fills the ring for the next tile during the consumers' epilogue) or
 // one block per tile. KESTREL_PIPE_WS_GRID = persistent | tiles.
@@ -119,6 +123,10 @@ struct PrefillGemmArgs {
   const int* tile_off = nullptr;   // device [groups + 1]
   int max_tiles = 0;               // host bound on tile_off[groups]
   int group_bm = kPrefillBM;       // rows per tile tile_off counts (64, or 128 on the F16 route)
+  // Optional (the transposed Q4 kernel only, PipeMma::Rs): device [groups + 1], the prefix of the
+  // groups' tail tiles, a remainder of rows_g % kPipeBM of at most 64 rows, which tile_off then
+  // leaves out (moe_route with tail_rows = 64); those run on 64-token tiles.
+  const int* tail_off = nullptr;
 };
 // out[r, c] = bf16(x[r, c]) for rows x cols (ldx, ldo in elements; cols % 8 == 0).
 void prefill_to_bf16_launch(const float* x, int64_t rows, int64_t cols, int64_t ldx, uint16_t* out,
@@ -146,6 +154,10 @@ struct MoeRouteArgs {
   int* tile_off = nullptr;    // [E + 1]
   int* sorted = nullptr;      // [T * topk]
   int bm = kPrefillBM;        // rows per tile of tile_off (64 or 128)
+  // tail_rows > 0 (with bm 128): a remainder count % bm of at most tail_rows rows is a tail tile,
+  // counted in tail_off [E + 1] (prefix) instead of tile_off.
+  int* tail_off = nullptr;
+  int tail_rows = 0;
 };
 void moe_route_launch(const MoeRouteArgs& a, cudaStream_t s);
 // Host bound on tile_off[E] for T tokens: ceil(T*topk / bm) + E.
@@ -185,6 +197,7 @@ struct MoePrefillScratch {
   int* counts = nullptr;      // [E]
   int* group_off = nullptr;   // [E+1]
   int* tile_off = nullptr;    // [E+1]
+  int* tail_off = nullptr;    // [E+1], optional: the Rs kernel's tail tiles (prefill_pipe_rs_tail)
   int* sorted = nullptr;      // [T*topk]
   float* act = nullptr;       // [T*topk, I]
   float* slot_out = nullptr;  // [T*topk, hidden]
@@ -364,6 +377,8 @@ inline void prefill_gemm(const PrefillGemmArgs& a, cudaStream_t s) {
   }
   else
     KESTREL_CHECK(a.M < int64_t(65535) * 128, "prefill_gemm: M {} too large", a.M);
+  KESTREL_CHECK(!a.tail_off || (pipe && a.groups > 0 && a.W.fmt == DFmt::Q4 && prefill_pipe_q4_mma() == PipeMma::Rs),
+                "prefill_gemm: tail tiles (tail_off) are the grouped Q4 Pipe GEMM's on the rs kernel only");
   if (a.M == 0 || (a.groups > 0 && a.max_tiles == 0)) return;
   if (pipe) prefill_pipe_gemm_launch(a, s);
   else prefill_gemm_launch(a, s);
@@ -387,6 +402,8 @@ inline void moe_route(const MoeRouteArgs& a, cudaStream_t s) {
                 "moe_route: null buffer");
   KESTREL_CHECK(a.T * a.topk < (int64_t(1) << 30), "moe_route: T {} too large", a.T);
   KESTREL_CHECK(a.bm == 64 || a.bm == 128, "moe_route: tile of {} rows (64 or 128)", a.bm);
+  KESTREL_CHECK(a.tail_rows == 0 || (a.tail_off && a.bm == 128 && a.tail_rows == 64),
+                "moe_route: tail tiles of {} rows need tail_off and 128-row tiles (64 rows)", a.tail_rows);
   moe_route_launch(a, s);
 }
 

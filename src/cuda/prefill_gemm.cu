@@ -537,18 +537,23 @@ __global__ void __launch_bounds__(kSortThreads) route_sort_kernel(const MoeRoute
 }
 
 // Exclusive prefix of counts and of their tiles (one block).
+// With tail_rows: a remainder c % bm of 1 .. tail_rows rows is a tail tile (tail_off), not a tile.
 __global__ void route_scan_kernel(const MoeRouteArgs a) {
   if (threadIdx.x != 0) return;
-  int off = 0, toff = 0;
+  int off = 0, toff = 0, tail = 0;
   for (int e = 0; e < a.E; ++e) {
     a.group_off[e] = off;
     a.tile_off[e] = toff;
-    const int c = a.counts[e];
+    if (a.tail_off) a.tail_off[e] = tail;
+    const int c = a.counts[e], rem = c % a.bm;
+    const bool is_tail = rem > 0 && rem <= a.tail_rows;
     off += c;
-    toff += (c + a.bm - 1) / a.bm;
+    toff += c / a.bm + (rem > 0 && !is_tail ? 1 : 0);
+    tail += is_tail ? 1 : 0;
   }
   a.group_off[a.E] = off;
   a.tile_off[a.E] = toff;
+  if (a.tail_off) a.tail_off[a.E] = tail;
 }
 
 __global__ void combine_kernel(const MoeCombineArgs a) {
@@ -721,6 +726,11 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
                  : sc.aprec == PrefillAPrec::F16 ? 128
                                                  : kPrefillBM;
   r.bm = bm;
+  // The Rs kernel's tail tiles: both expert GEMMs Q4 on it (they share the tiles).
+  const bool tails = sc.tail_off && pipe_routed && w.gate.fmt == DFmt::Q4 && w.down.fmt == DFmt::Q4 &&
+                     prefill_pipe_q4_mma() == PipeMma::Rs && prefill_pipe_rs_tail();
+  r.tail_off = sc.tail_off;
+  r.tail_rows = tails ? 64 : 0;
   moe_route_launch(r, s);
   // Routed experts: act[p] = silu(gate_e h_t) * (up_e h_t) for sorted position p (slot t*k+r).
   const int max_tiles = moe_max_tiles(T, w.topk, w.E, bm);
@@ -740,6 +750,7 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   gu.tile_off = sc.tile_off;
   gu.max_tiles = max_tiles;
   gu.group_bm = bm;
+  gu.tail_off = tails ? sc.tail_off : nullptr;
   block_gemm(gu, sc, h, w.hidden, pipe_routed ? phv : nullptr, s);
   // Shared expert gate|up and its gate logit (they read h, whose split pipe[0] holds until the
   // shared expert's own activation replaces it below).
@@ -783,6 +794,7 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   dn.tile_off = sc.tile_off;
   dn.max_tiles = max_tiles;
   dn.group_bm = bm;
+  dn.tail_off = tails ? sc.tail_off : nullptr;
   block_gemm(dn, sc, sc.act, w.I, pipe_routed ? &pact : nullptr, s);
   if (has_shared) {
     PipeA psact;

@@ -94,30 +94,32 @@ __device__ __forceinline__ PipeWRow pipe_w_row(const PrefillGemmArgs& p, int64_t
 }
 
 // This thread's copies of the split A's k-tiles into a stage (hi at the stage's start, lo BM * 128
-// bytes on): tile rows (tid >> 3) + 32 i, 16-byte chunk tid & 7, zeros past the group's rows.
+// bytes on): tile rows (tid >> 3) + 32 i for i < NR (a tile of 32 NR rows), 16-byte chunk tid & 7,
+// zeros past the group's rows.
+template <int NR>
 struct PipeACopies {
   const uint8_t* hi;
   const uint8_t* lo;
-  int64_t src[4];
-  bool ok[4];
+  int64_t src[NR];
+  bool ok[NR];
   uint32_t soff;  // the shared-memory offset of row tid >> 3's chunk (row + 32 i: + 4096 i)
   __device__ PipeACopies(const PrefillGemmArgs& p, int64_t m0, int64_t m_end, int tid)
       : hi(reinterpret_cast<const uint8_t*>(p.pipe.hi)),
         lo(reinterpret_cast<const uint8_t*>(p.pipe.lo)),
         soff(uint32_t(a_off(tid >> 3, tid & 7))) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) src[i] = pipe_a_row(p, m0, m_end, (tid >> 3) + 32 * i, ok[i]) * p.K + 8 * (tid & 7);
+    for (int i = 0; i < NR; ++i) src[i] = pipe_a_row(p, m0, m_end, (tid >> 3) + 32 * i, ok[i]) * p.K + 8 * (tid & 7);
   }
   __device__ __forceinline__ void load(uint32_t stage, int kt) const {
     // (members read into registers first: each cp.async's "memory" clobber would reload them)
     const uint8_t *h = hi, *l = lo;
     const uint32_t st = stage + soff;
-    int64_t sr[4];
-    bool k[4];
+    int64_t sr[NR];
+    bool k[NR];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) sr[i] = src[i], k[i] = ok[i];
+    for (int i = 0; i < NR; ++i) sr[i] = src[i], k[i] = ok[i];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < NR; ++i) {
       const size_t off = size_t(sr[i] + int64_t(kt) * BK) * 2;
       pf::cp_async16(st + uint32_t(4096 * i), h + off, k[i]);
       pf::cp_async16(st + uint32_t(BM * 128 + 4096 * i), l + off, k[i]);
@@ -165,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
 
   // This thread's copies of each k-tile: A as PipeACopies; W: Q4 row tid >> 1 chunk tid & 1,
   // bf16 rows (tid >> 3) + 32 i chunk tid & 7.
-  const PipeACopies acp(p, m0, m_end, tid);
+  const PipeACopies<4> acp(p, m0, m_end, tid);
   constexpr int WN = QW ? 1 : 4;
   const uint8_t* w_src[WN];
   bool w_ok[WN];
@@ -433,8 +435,30 @@ struct RsLayout {
   static_assert(BM * kStageLd * 4 <= kScales, "the epilogue's staging fits in the ring");
 };
 
-template <bool SILU>
+// The grouped tail tiles (PrefillGemmArgs::tail_off): tile blockIdx.y of them is the last rows of
+// its group, the remainder of rows_g / BM when it is at most kRsTail rows (tile_off leaves those
+// rows out: the BM-token launch skips them); false past the last tail.
+constexpr int kRsTail = 64;
+__device__ __forceinline__ bool tail_rows(const PrefillGemmArgs& p, int64_t& m0, int64_t& m_end, int64_t& grp) {
+  const int tile = blockIdx.y;
+  if (tile >= p.tail_off[p.groups]) return false;
+  int lo = 0, hi = p.groups - 1;  // the largest g with tail_off[g] <= tile (a group with a tail)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (p.tail_off[mid] <= tile) lo = mid;
+    else hi = mid - 1;
+  }
+  grp = lo;
+  m_end = p.group_off[lo + 1];
+  m0 = m_end - (m_end - p.group_off[lo]) % BM;
+  return true;
+}
+
+// NT: the tile's tokens (wgmma's N): BM, or kRsTail for the grouped tail tiles.
+template <bool SILU, int NT>
 __global__ void __launch_bounds__(kThreads, 1) pipe_rs_kernel(const PrefillGemmArgs p) {
+  static_assert(NT == BM || NT == kRsTail, "a tile of BM tokens, or a tail tile");
+  constexpr int NJ = NT / 8;  // accumulator fragments per thread: 8 tokens each
   using L = RsLayout;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (pf::smem_u32(smem_raw) & 1023)) & 1023);
@@ -444,7 +468,7 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_rs_kernel(const PrefillGemmA
   const int r0 = 64 * wg + 16 * (warp & 3) + g;  // this thread's weight rows: r0, r0 + 8
 
   int64_t m0, m_end, grp;
-  if (!tile_rows(p, BM, m0, m_end, grp)) return;
+  if (!(NT == BM ? tile_rows(p, BM, m0, m_end, grp) : tail_rows(p, m0, m_end, grp))) return;
   const int64_t K = p.K, KG = K / 64;
   const int KT = int(KG);
   auto a_row = [&](int r, bool& ok) { return pipe_a_row(p, m0, m_end, r, ok); };  // tile token r
@@ -463,7 +487,7 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_rs_kernel(const PrefillGemmA
 
   // Copies, as pipe_gemm_kernel's Q4 path: A as PipeACopies, W row tid >> 1 chunk tid & 1, scale
   // chunks of row tid (tid < 128).
-  const PipeACopies acp(p, m0, m_end, tid);
+  const PipeACopies<NT / 32> acp(p, m0, m_end, tid);
   const WRow wr = w_row(tid >> 1);
   const bool w_ok = wr.ok;
   const uint8_t* w_src = static_cast<const uint8_t*>(wr.m->data) + wr.row * (K / 2) + 16 * (tid & 1);
@@ -500,9 +524,9 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_rs_kernel(const PrefillGemmA
   };
 
   // acc[j][e]: weight row r0 + 8 (e / 2), token 8 j + 2 t + (e % 2) (wgmma's accumulator layout).
-  float acc[16][4];
+  float acc[NJ][4];
 #pragma unroll
-  for (int j = 0; j < 16; ++j)
+  for (int j = 0; j < NJ; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 
@@ -531,7 +555,7 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_rs_kernel(const PrefillGemmA
         ab[q] = ok ? *reinterpret_cast<const uint32_t*>((q & 1 ? bb : ba) + kk) : 0u;
       }
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < NJ; ++j) {
         bool ok;
         const int64_t srow = a_row(8 * j + g, ok) * KG;
         uint32_t bh[2], bl[2];
@@ -548,13 +572,13 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_rs_kernel(const PrefillGemmA
       }
     }
   }
-  float tq[16][4];  // a k-tile's integer products
+  float tq[NJ][4];  // a k-tile's integer products
   auto fold = [&](int k) {
     const uint16_t* ss =
         reinterpret_cast<const uint16_t*>(smem + L::kScales) + ((k / kChunkTiles) & 1) * BN * 8 + k % kChunkTiles;
     const float s0 = bf16_bits_to_f32(ss[r0 * 8]), s1 = bf16_bits_to_f32(ss[(r0 + 8) * 8]);
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < NJ; ++j) {
       acc[j][0] = fmaf(s0, tq[j][0], acc[j][0]);
       acc[j][1] = fmaf(s0, tq[j][1], acc[j][1]);
       acc[j][2] = fmaf(s1, tq[j][2], acc[j][2]);
@@ -582,8 +606,13 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_rs_kernel(const PrefillGemmA
     wg::fence();
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
-      wg::mma_m64n128k16_bf16_rs(tq, cf[ks], wg::desc_sw128(b + 32 * ks), ks > 0);
-      wg::mma_m64n128k16_bf16_rs(tq, cf[ks], wg::desc_sw128(b + L::kA + 32 * ks), true);
+      if constexpr (NT == BM) {
+        wg::mma_m64n128k16_bf16_rs(tq, cf[ks], wg::desc_sw128(b + 32 * ks), ks > 0);
+        wg::mma_m64n128k16_bf16_rs(tq, cf[ks], wg::desc_sw128(b + L::kA + 32 * ks), true);
+      } else {
+        wg::mma_m64n64k16_bf16_rs(tq, cf[ks], wg::desc_sw128(b + 32 * ks), ks > 0);
+        wg::mma_m64n64k16_bf16_rs(tq, cf[ks], wg::desc_sw128(b + L::kA + 32 * ks), true);
+      }
     }
     wg::commit();
     uint32_t nf[4][4];
@@ -611,7 +640,7 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_rs_kernel(const PrefillGemmA
   float* stg = reinterpret_cast<float*>(smem);
   constexpr int NC = SILU ? 64 : BN;  // output columns of the tile
 #pragma unroll
-  for (int j = 0; j < 16; ++j)
+  for (int j = 0; j < NJ; ++j)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int m = 8 * j + 2 * t + e;
@@ -624,7 +653,7 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_rs_kernel(const PrefillGemmA
     }
   __syncthreads();
   const int64_t col0 = int64_t(blockIdx.x) * NC;
-  for (int i = tid; i < BM * (NC / 2); i += kThreads) {
+  for (int i = tid; i < NT * (NC / 2); i += kThreads) {
     const int m = i / (NC / 2), c = 2 * (i % (NC / 2));
     if (m0 + m >= m_end) break;  // (rows in order: every later i is past the end too)
     const float2 v = *reinterpret_cast<const float2*>(stg + m * L::kStageLd + c);
@@ -1058,12 +1087,17 @@ void launch(const PrefillGemmArgs& a, cudaStream_t s) {
 constexpr int kWsSmemBytes = WsLayout::kBytes + 1024;
 constexpr int kRsSmemBytes = RsLayout::kBytes + 1024;
 
+// Grouped with tail_off: the BM-token tiles, then the tail tiles (at most one per group).
 template <bool SILU>
 void launch_rs(const PrefillGemmArgs& a, cudaStream_t s) {
   const unsigned gx = unsigned(SILU ? (a.N + 63) / 64 : (a.N + BN - 1) / BN);
   const unsigned gy = unsigned(a.groups > 0 ? a.max_tiles : (a.M + BM - 1) / BM);
-  pipe_rs_kernel<SILU><<<dim3(gx, gy), kThreads, kRsSmemBytes, s>>>(a);
+  pipe_rs_kernel<SILU, BM><<<dim3(gx, gy), kThreads, kRsSmemBytes, s>>>(a);
   KCUDA_LAUNCH("prefill_pipe_rs_gemm");
+  if (a.groups > 0 && a.tail_off) {
+    pipe_rs_kernel<SILU, kRsTail><<<dim3(gx, unsigned(a.groups)), kThreads, kRsSmemBytes, s>>>(a);
+    KCUDA_LAUNCH("prefill_pipe_rs_gemm_tail");
+  }
 }
 
 template <bool SILU>
@@ -1096,8 +1130,10 @@ void prefill_pipe_init() {
     KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::BF16, true, false>, attr, kSmemBytes<DFmt::BF16>));
     KCUDA(cudaFuncSetAttribute(pipe_ws_kernel<false>, attr, kWsSmemBytes));
     KCUDA(cudaFuncSetAttribute(pipe_ws_kernel<true>, attr, kWsSmemBytes));
-    KCUDA(cudaFuncSetAttribute(pipe_rs_kernel<false>, attr, kRsSmemBytes));
-    KCUDA(cudaFuncSetAttribute(pipe_rs_kernel<true>, attr, kRsSmemBytes));
+    KCUDA(cudaFuncSetAttribute(pipe_rs_kernel<false, BM>, attr, kRsSmemBytes));
+    KCUDA(cudaFuncSetAttribute(pipe_rs_kernel<true, BM>, attr, kRsSmemBytes));
+    KCUDA(cudaFuncSetAttribute(pipe_rs_kernel<false, kRsTail>, attr, kRsSmemBytes));
+    KCUDA(cudaFuncSetAttribute(pipe_rs_kernel<true, kRsTail>, attr, kRsSmemBytes));
   });
 }
 

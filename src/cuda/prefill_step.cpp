@@ -70,7 +70,7 @@ struct ScratchPlan {
     const size_t f32 = x + hn + qkv + u + z + b + a + o + qg + k + v + attn + logits + moe_logits +
                        moe_slots /* topk_w */ + moe_slot_out + moe_shared + moe_sgate + y + moe_act + moe_sact +
                        (pipe_x + pipe_y) / 64 /* split-A sums */;
-    const size_t i32 = 2 * moe_slots /* topk_idx, sorted */ + 3 * moe_e1 /* counts, offsets */ + flag;
+    const size_t i32 = 2 * moe_slots /* topk_idx, sorted */ + 4 * moe_e1 /* counts, offsets, tails */ + flag;
     const size_t snap = n_gdn * (conv_state + rec_state);
     const size_t b16 = qbuf + 2 * (pipe_x + pipe_y) /* split-A planes */;
     return 4 * f32 + 4 * i32 + 2 * b16 + gdn_bytes + 4 * snap;
@@ -122,6 +122,7 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   moe_.counts = take<int>(p.moe_e1);
   moe_.group_off = take<int>(p.moe_e1);
   moe_.tile_off = take<int>(p.moe_e1);
+  moe_.tail_off = take<int>(p.moe_e1);
   moe_.sorted = take<int>(p.moe_slots);
   moe_.act = take<float>(p.moe_act);
   moe_.slot_out = take<float>(p.moe_slot_out);
@@ -174,6 +175,13 @@ PipeMma prefill_pipe_q4_mma() {
   if (std::strcmp(e, "rs") == 0) return PipeMma::Rs;
   KESTREL_CHECK(std::strcmp(e, "sync") == 0, "KESTREL_PIPE_MMA={}: expected wgmma, ws, rs or sync", e);
   return PipeMma::Sync;
+}
+
+bool prefill_pipe_rs_tail() {
+  const char* e = std::getenv("KESTREL_PIPE_RS_TAIL");
+  if (e == nullptr || *e == 0 || std::strcmp(e, "0") == 0) return false;
+  KESTREL_CHECK(std::strcmp(e, "1") == 0, "KESTREL_PIPE_RS_TAIL={}: expected 0 or 1", e);
+  return true;
 }
 
 PipeWsGrid prefill_pipe_ws_grid() {

@@ -168,7 +168,7 @@ void bench(const char* wname, DFmt F, int64_t T) {
         go(size_t(E + 1) * 4), to(size_t(E + 1) * 4), so(size_t(S) * 4), ac(size_t(S * I) * 4),
         sl(size_t(S * H) * 4), sa(size_t(T * Is) * 4), sh(size_t(T * H) * 4), sgt(size_t(T) * 4);
     MoePrefillScratch sc{lg.as<float>(), ti.as<int>(),      tw.as<float>(),    cn.as<int>(),
-                         go.as<int>(),   to.as<int>(),      so.as<int>(),      ac.as<float>(),
+                         go.as<int>(),   to.as<int>(),      nullptr,           so.as<int>(),      ac.as<float>(),
                          sl.as<float>(), sa.as<float>(), sh.as<float>(),
                          sgt.as<float>()};
     st["moe"] = time_ms([&] { moe_prefill(w, h->as<float>(), T, sc, x->as<float>(), true, nullptr); });

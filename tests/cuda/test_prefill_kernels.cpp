@@ -246,7 +246,7 @@ HostRoute host_route(const std::vector<float>& logits, int64_t T, int E, int k) 
 }
 
 struct DevRoute {
-  std::unique_ptr<DevBuf> idx, w, counts, goff, toff, sorted;
+  std::unique_ptr<DevBuf> idx, w, counts, goff, toff, tailoff, sorted;
   MoeRouteArgs a;
   DevRoute(int64_t T, int E, int k) {
     idx = std::make_unique<DevBuf>(size_t(T * k) * 4);
@@ -254,12 +254,14 @@ struct DevRoute {
     counts = std::make_unique<DevBuf>(size_t(E) * 4);
     goff = std::make_unique<DevBuf>(size_t(E + 1) * 4);
     toff = std::make_unique<DevBuf>(size_t(E + 1) * 4);
+    tailoff = std::make_unique<DevBuf>(size_t(E + 1) * 4);
     sorted = std::make_unique<DevBuf>(size_t(T * k) * 4);
     KCUDA(cudaMemset(idx->p, 0xff, idx->n));
     KCUDA(cudaMemset(sorted->p, 0xff, sorted->n));
     KCUDA(cudaMemset(counts->p, 0xff, counts->n));
     KCUDA(cudaMemset(goff->p, 0xff, goff->n));
     KCUDA(cudaMemset(toff->p, 0xff, toff->n));
+    KCUDA(cudaMemset(tailoff->p, 0xff, tailoff->n));
     a.T = T;
     a.E = E;
     a.topk = k;
@@ -268,6 +270,7 @@ struct DevRoute {
     a.counts = counts->as<int>();
     a.group_off = goff->as<int>();
     a.tile_off = toff->as<int>();
+    a.tail_off = tailoff->as<int>();
     a.sorted = sorted->as<int>();
   }
 };
@@ -426,6 +429,7 @@ void run_moe(const MoeSet& ms, int64_t T, bool one_direction, uint32_t seed,
   sc.counts = r.a.counts;
   sc.group_off = r.a.group_off;
   sc.tile_off = r.a.tile_off;
+  sc.tail_off = r.a.tail_off;
   sc.sorted = r.a.sorted;
   sc.act = act->as<float>();
   sc.slot_out = slot_out->as<float>();
@@ -648,6 +652,38 @@ TEST(PrefillPipe, Q4OnTransposedWgmma) {
   const PipeMmaEnv e("rs");
   ASSERT_EQ(prefill_pipe_q4_mma(), PipeMma::Rs);
   run_pipe_q4_shapes(3680);
+}
+
+// Its MoE tail tiles (KESTREL_PIPE_RS_TAIL=1): an expert's last count % 128 rows, when at most 64,
+// on a 64-token tile. 300 tokens all on experts 0..7: 2 tiles + a 44-row tail each; 1000 tokens
+// over 32 experts: remainders on both sides of 64; over 256: every expert below 128 rows (tails
+// and single partial tiles), some with none.
+TEST(PrefillPipe, Q4OnTransposedWgmmaTailTiles) {
+  REQUIRE_GPU();
+  const PipeMmaEnv e("rs");
+  struct TailEnv {
+    explicit TailEnv(const char* v) { setenv("KESTREL_PIPE_RS_TAIL", v, 1); }
+    ~TailEnv() { unsetenv("KESTREL_PIPE_RS_TAIL"); }
+  };
+  {
+    const TailEnv b("2");
+    EXPECT_THROW(prefill_pipe_rs_tail(), Error);
+  }
+  EXPECT_FALSE(prefill_pipe_rs_tail());
+  const TailEnv t("1");
+  ASSERT_TRUE(prefill_pipe_rs_tail());
+  constexpr auto P = PrefillGemmKernel::Pipe;
+  constexpr auto S = PrefillAPrec::Split;
+  std::mt19937 g(4680);
+  uint32_t seed = 4681;
+  {
+    const MoeSet ms(WFormat::Q4, 32, g);
+    run_moe(ms, 1000, false, seed++, S, 0, P);
+    run_moe(ms, 300, true, seed++, S, 0, P);
+  }
+  const MoeSet ms(WFormat::Q4, 256, g);
+  run_moe(ms, 1000, false, seed++, S, 0, P);
+  run_moe(ms, 300, true, seed++, S, 0, P);
 }
 
 // The warp-specialised kernel on both of its grids: persistent (the default; fewer blocks than
