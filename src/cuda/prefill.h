@@ -71,6 +71,7 @@ inline const char* prefill_pipe_mma_name(PipeMma m) {
   return m == PipeMma::Wgmma ? "wgmma" : m == PipeMma::Ws ? "ws" : m == PipeMma::Rs ? "rs" : "sync";
 }
 constexpr int kPipeBM = 128;  // rows per tile of the Pipe kernel (grouped: moe_route's bm)
+constexpr int kPipeTailRows = 64;  // the rs kernel's MoE tail tiles (prefill_pipe_rs_tail)
 inline bool prefill_pipe_supports(DFmt f, int64_t K) {
   return (f == DFmt::Q4 || f == DFmt::BF16) && K % 512 == 0;
 }
@@ -402,7 +403,7 @@ inline void moe_route(const MoeRouteArgs& a, cudaStream_t s) {
                 "moe_route: null buffer");
   KESTREL_CHECK(a.T * a.topk < (int64_t(1) << 30), "moe_route: T {} too large", a.T);
   KESTREL_CHECK(a.bm == 64 || a.bm == 128, "moe_route: tile of {} rows (64 or 128)", a.bm);
-  KESTREL_CHECK(a.tail_rows == 0 || (a.tail_off && a.bm == 128 && a.tail_rows == 64),
+  KESTREL_CHECK(a.tail_rows == 0 || (a.tail_off && a.bm == kPipeBM && a.tail_rows == kPipeTailRows),
                 "moe_route: tail tiles of {} rows need tail_off and 128-row tiles (64 rows)", a.tail_rows);
   moe_route_launch(a, s);
 }

@@ -730,7 +730,7 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   const bool tails = sc.tail_off && pipe_routed && w.gate.fmt == DFmt::Q4 && w.down.fmt == DFmt::Q4 &&
                      prefill_pipe_q4_mma() == PipeMma::Rs && prefill_pipe_rs_tail();
   r.tail_off = sc.tail_off;
-  r.tail_rows = tails ? 64 : 0;
+  r.tail_rows = tails ? kPipeTailRows : 0;
   moe_route_launch(r, s);
   // Routed experts: act[p] = silu(gate_e h_t) * (up_e h_t) for sorted position p (slot t*k+r).
   const int max_tiles = moe_max_tiles(T, w.topk, w.E, bm);

@@ -438,19 +438,14 @@ struct RsLayout {
 // The grouped tail tiles (PrefillGemmArgs::tail_off): tile blockIdx.y of them is the last rows of
 // its group, the remainder of rows_g / BM when it is at most kRsTail rows (tile_off leaves those
 // rows out: the BM-token launch skips them); false past the last tail.
-constexpr int kRsTail = 64;
+constexpr int kRsTail = kPipeTailRows;
 __device__ __forceinline__ bool tail_rows(const PrefillGemmArgs& p, int64_t& m0, int64_t& m_end, int64_t& grp) {
   const int tile = blockIdx.y;
   if (tile >= p.tail_off[p.groups]) return false;
-  int lo = 0, hi = p.groups - 1;  // the largest g with tail_off[g] <= tile (a group with a tail)
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (p.tail_off[mid] <= tile) lo = mid;
-    else hi = mid - 1;
-  }
-  grp = lo;
-  m_end = p.group_off[lo + 1];
-  m0 = m_end - (m_end - p.group_off[lo]) % BM;
+  const int g = group_of_tile(p.tail_off, p.groups, tile);
+  grp = g;
+  m_end = p.group_off[g + 1];
+  m0 = m_end - (m_end - p.group_off[g]) % BM;
   return true;
 }
 
@@ -759,17 +754,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) pipe_ws_kernel(const PrefillGem
       m_end = p.M;
       return m0 < p.M;
     }
-    if (by >= p.tile_off[p.groups]) return false;
-    int lo = 0, hi = p.groups - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (p.tile_off[mid] <= by) lo = mid;
-      else hi = mid - 1;
-    }
-    grp = lo;
-    m0 = p.group_off[lo] + int64_t(by - p.tile_off[lo]) * BM;
-    m_end = p.group_off[lo + 1];
-    return true;
+    return group_tile_rows(p, BM, by, m0, m_end, grp);
   };
   // Weight row of converted row r of column block bx (SiLU: column half r >> 6, rows +0 .. +31
   // gate, +32 .. +63 up of 32 outputs); -1 past N.

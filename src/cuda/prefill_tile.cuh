@@ -11,6 +11,29 @@
 
 namespace kestrel::cuda {
 
+// The group of tile `tile` in a prefix of tiles per group (off [groups + 1], tile < off[groups]):
+// the largest g with off[g] <= tile, a group with tiles.
+__device__ __forceinline__ int group_of_tile(const int* off, int groups, int tile) {
+  int lo = 0, hi = groups - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (off[mid] <= tile) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Grouped tile `tile` of the tile_off prefix: rows [m0, m_end) of group grp; false past the last.
+__device__ __forceinline__ bool group_tile_rows(const PrefillGemmArgs& p, int bm, int tile, int64_t& m0,
+                                                int64_t& m_end, int64_t& grp) {
+  if (tile >= p.tile_off[p.groups]) return false;
+  const int g = group_of_tile(p.tile_off, p.groups, tile);
+  grp = g;
+  m0 = p.group_off[g] + int64_t(tile - p.tile_off[g]) * bm;
+  m_end = p.group_off[g + 1];
+  return true;
+}
+
 // This block's tile: rows [m0, m_end) of BM-row dense tiles, or (grouped) tile blockIdx.y of the
 // groups' tiles, of group grp; false when a grouped tile lies past the last one.
 __device__ __forceinline__ bool tile_rows(const PrefillGemmArgs& p, int bm, int64_t& m0, int64_t& m_end,
@@ -21,18 +44,7 @@ __device__ __forceinline__ bool tile_rows(const PrefillGemmArgs& p, int bm, int6
     m_end = p.M;
     return true;
   }
-  const int tile = blockIdx.y;
-  if (tile >= p.tile_off[p.groups]) return false;
-  int lo = 0, hi = p.groups - 1;  // the largest g with tile_off[g] <= tile (a non-empty group)
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (p.tile_off[mid] <= tile) lo = mid;
-    else hi = mid - 1;
-  }
-  grp = lo;
-  m0 = p.group_off[lo] + int64_t(tile - p.tile_off[lo]) * bm;
-  m_end = p.group_off[lo + 1];
-  return true;
+  return group_tile_rows(p, bm, int(blockIdx.y), m0, m_end, grp);
 }
 
 // Output row m (before the scatter), columns col, col + 1 (those < N).
