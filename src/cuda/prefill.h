@@ -480,6 +480,7 @@ inline void prefill_conv(const PrefillConvArgs& a, cudaStream_t s) {
                 "prefill_conv: T {} C {} ldx {} or null buffer", a.T, a.C, a.ldx);
   KESTREL_CHECK(static_cast<const void*>(a.u) != static_cast<const void*>(a.x),
                 "prefill_conv: u must not alias x");
+  KESTREL_CHECK(al16(a.w), "prefill_conv: conv weights not 16-byte aligned (read as float4 per channel)");
   prefill_conv_launch(a, s);
 }
 

@@ -103,32 +103,52 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(const PrefillGdnArgs
   }
   __syncthreads();
   if (tid < C) sm.eG[tid] = expf(sm.G[tid]);
-  // A (lower part, to shared memory), P (lower part, straight to its scratch).
+  // A (lower part, to shared memory), P (lower part, straight to its scratch), register-tiled:
+  // thread (ti, tj) = (tid / 16, tid % 16) computes the pairs (i, j) = (ti + 16 a, tj + 16 b) for
+  // b <= a (the other 6 of its 16 lie above the diagonal: zeros), so per float4 of k it reads 12
+  // operands for 20 dot steps, where one thread per (i, 16 j) read 3 per 2 and the kernel was
+  // bound by its shared-memory reads. Each dot is the same expression in the same k order as
+  // before (sum over float4 r of the 4-term product), so the numbers are unchanged.
   float* Pg = g.P + (ch * a.Hv + j) * C * C;
   {
-    const int i = tid >> 2;
-    const float Gi = sm.G[i], bi = sm.beta[i];
-    const float4* ki = reinterpret_cast<const float4*>(sm.k[i]);
-    const float4* qi = reinterpret_cast<const float4*>(sm.q[i]);
-    for (int jj = 0; jj < C / 4; ++jj) {
-      const int jx = (tid & 3) + 4 * jj;
-      float av = 0.f, pv = 0.f;
-      if (jx <= i) {
-        const float4* kj = reinterpret_cast<const float4*>(sm.k[jx]);
-        float dkk = 0.f, dqk = 0.f;
-#pragma unroll 8
-        for (int r = 0; r < DK / 4; ++r) {
-          const float4 x = kj[r], y = ki[r], z = qi[r];
-          dkk += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
-          dqk += x.x * z.x + x.y * z.y + x.z * z.z + x.w * z.w;
-        }
-        const float d = expf(Gi - sm.G[jx]);
-        pv = dqk * d;
-        if (jx < i) av = bi * dkk * d;
+    const int ti = tid >> 4, tj = tid & 15;
+    float dkk[4][4], dqk[4][4];
+#pragma unroll
+    for (int x = 0; x < 4; ++x)
+#pragma unroll
+      for (int y = 0; y < 4; ++y) dkk[x][y] = dqk[x][y] = 0.f;
+#pragma unroll 2
+    for (int r = 0; r < DK / 4; ++r) {
+      float4 ki[4], qi[4], kj[4];
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        ki[x] = reinterpret_cast<const float4*>(sm.k[ti + 16 * x])[r];
+        qi[x] = reinterpret_cast<const float4*>(sm.q[ti + 16 * x])[r];
+        kj[x] = reinterpret_cast<const float4*>(sm.k[tj + 16 * x])[r];
       }
-      sm.A[i][jx] = av;
-      Pg[i * C + jx] = pv;
+#pragma unroll
+      for (int x = 0; x < 4; ++x)
+#pragma unroll
+        for (int y = 0; y <= x; ++y) {
+          const float4 u = kj[y], v = ki[x], w = qi[x];
+          dkk[x][y] += u.x * v.x + u.y * v.y + u.z * v.z + u.w * v.w;
+          dqk[x][y] += u.x * w.x + u.y * w.y + u.z * w.z + u.w * w.w;
+        }
     }
+#pragma unroll
+    for (int x = 0; x < 4; ++x)
+#pragma unroll
+      for (int y = 0; y < 4; ++y) {
+        const int i = ti + 16 * x, jx = tj + 16 * y;
+        float av = 0.f, pv = 0.f;
+        if (y <= x && jx <= i) {
+          const float d = expf(sm.G[i] - sm.G[jx]);
+          pv = dqk[x][y] * d;
+          if (jx < i) av = sm.beta[i] * dkk[x][y] * d;
+        }
+        sm.A[i][jx] = av;
+        Pg[i * C + jx] = pv;
+      }
   }
   __syncthreads();
   // Forward substitution: X_i -= sum_{j<i} A_ij X_j, one column per thread, in registers; the
@@ -319,19 +339,34 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_kernel(const PrefillGdnArgs
   }
 }
 
-__global__ void conv_kernel(const PrefillConvArgs a) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= a.T * a.C) return;
-  const int64_t t = i / a.C, c = i % a.C;
-  const float* w = a.w + c * 4;
-  float acc = w[3] * a.x[t * a.ldx + c];
+// One thread per channel and run of kConvRun tokens, the window in registers: each input is read
+// once (plus a 3-token halo per run), coalesced over channels. (One thread per output read every
+// input 4 times: 170 µs per 4K GDN layer, ~1.6 TB/s.) Each output is the same expression as before:
+// w3 x_t, then + w_j x_{t-3+j} for j = 0, 1, 2.
+constexpr int kConvRun = 16;
+__global__ void __launch_bounds__(256) conv_kernel(const PrefillConvArgs a) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= a.C) return;
+  const int64_t t0 = int64_t(blockIdx.y) * kConvRun;
+  const float4 w = *reinterpret_cast<const float4*>(a.w + c * 4);
+  float win[3];  // x_{t-3}, x_{t-2}, x_{t-1}
 #pragma unroll
   for (int j = 0; j < 3; ++j) {
-    const int64_t src = t - 3 + j;
-    const float xv = src >= 0 ? a.x[src * a.ldx + c] : a.state[c * 3 + (src + 3)];
-    acc += w[j] * xv;
+    const int64_t src = t0 - 3 + j;
+    win[j] = src >= 0 ? a.x[src * a.ldx + c] : a.state[c * 3 + (src + 3)];
   }
-  a.u[t * a.C + c] = silu_f(acc);
+  const int64_t n = std::min<int64_t>(kConvRun, a.T - t0);
+#pragma unroll 4
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = t0 + i;
+    const float xt = a.x[t * a.ldx + c];
+    float acc = w.w * xt;
+    acc += w.x * win[0];
+    acc += w.y * win[1];
+    acc += w.z * win[2];
+    a.u[t * a.C + c] = silu_f(acc);
+    win[0] = win[1], win[1] = win[2], win[2] = xt;
+  }
 }
 
 __global__ void conv_state_kernel(const PrefillConvArgs a) {
@@ -372,8 +407,8 @@ void prefill_gdn_launch(const PrefillGdnArgs& a, cudaStream_t s) {
 }
 
 void prefill_conv_launch(const PrefillConvArgs& a, cudaStream_t s) {
-  const int64_t n = a.T * a.C;
-  conv_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(a);
+  const dim3 grid(unsigned((a.C + 255) / 256), unsigned((a.T + kConvRun - 1) / kConvRun));
+  conv_kernel<<<grid, 256, 0, s>>>(a);
   KCUDA_LAUNCH("prefill_conv");
   conv_state_kernel<<<unsigned((a.C + 255) / 256), 256, 0, s>>>(a);
   KCUDA_LAUNCH("prefill_conv state");

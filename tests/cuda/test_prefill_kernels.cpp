@@ -734,7 +734,8 @@ TEST(PrefillGdn, ConvMatchesCpu) {
   REQUIRE_GPU();
   std::mt19937 g(11);
   const int64_t C = 8192;
-  for (int64_t T : {1, 2, 7, 65}) {
+  // Runs of 16 tokens per thread: windows from the state (T < 3), across runs, partial last runs.
+  for (int64_t T : {1, 2, 7, 16, 17, 65, 1000}) {
     auto x = randv(size_t(T * C), g);
     auto w = randv(size_t(C * 4), g);
     auto st = randv(size_t(C * 3), g);
