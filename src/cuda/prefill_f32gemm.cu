@@ -4,23 +4,17 @@
 // Mat::row_f32 and the decode GEMV), fp32 accumulation. Not a throughput kernel: the router is
 // T * E * hidden (4.3 GFLOP per layer at 8192 tokens).
 //
-// Tiles TM (A rows: 128, or 64) x 64 (W rows) x 32 (k), 256 threads as 16 x 16, TM / 16 x 4 outputs
-// per thread read as float4 from k-major tiles (3 shared loads per 32 FMA at TM 128; 4 x 4
-// scalar-read outputs were bound by their 8 loads per 16 FMA); the next k-tile is loaded into
-// registers while this one is multiplied. Each output is one fmaf chain in ascending k whatever
-// the tile, so both tile heights give the same bits.
-//
-// Tile height (prefill_gemm_f32_tile_rows): the router of a 4K chunk is 32 x 4 tiles of 128 rows,
-// one wave of 128 blocks on 132 SMs with 8 warps each (185 µs measured, ~40 % of the FMA rate);
-// 64-row tiles give 256 blocks, two per SM, whenever 128-row tiles would not fill two per SM.
+// Tiles 128 (A rows) x 64 (W rows) x 32 (k), 256 threads as 16 x 16, 8 x 4 outputs per thread
+// read as float4 from k-major tiles (3 shared loads per 32 FMA; 4 x 4 scalar-read outputs were
+// bound by their 8 loads per 16 FMA); the next k-tile is loaded into registers while this one is
+// multiplied. Each output is one fmaf chain in ascending k, as before.
 #include "cuda/common.cuh"
-#include "cuda/kernels.h"
 #include "cuda/prefill_ops.h"
 
 namespace kestrel::cuda {
 namespace {
 
-constexpr int TN = 64, TK = 32, TSW = TN + 4;
+constexpr int TM = 128, TN = 64, TK = 32, TSA = TM + 4, TSW = TN + 4;
 
 template <DFmt F>
 __device__ __forceinline__ void load_w8(const DMat& w, int64_t row, int64_t k, float (&v)[8]) {
@@ -52,31 +46,27 @@ __device__ __forceinline__ void load_w8(const DMat& w, int64_t row, int64_t k, f
   }
 }
 
-template <DFmt F, int TM>
+template <DFmt F>
 __global__ void __launch_bounds__(256) gemm_f32_kernel(const PrefillGemmF32Args a) {
-  static_assert(TM == 128 || TM == 64);
-  constexpr int TSA = TM + 4, MI = TM / 16;  // MI rows per thread: 4 ty + i, and 64 + 4 ty + i - 4
-  constexpr int AK = TM * TK / 256;           // A values per thread and k-tile (16 or 8)
   __shared__ __align__(16) float As[TK][TSA];
   __shared__ __align__(16) float Ws[TK][TSW];
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
   const int64_t n0 = int64_t(blockIdx.x) * TN, m0 = int64_t(blockIdx.y) * TM;
-  // Loader roles: A row tid / (TK / AK), k AK (tid % (TK / AK)) .. + AK - 1; W row tid / 4,
-  // k 8 (tid % 4) .. + 7.
-  const int ar = tid / (TK / AK), ak = AK * (tid % (TK / AK)), wr = tid / 4, wk = 8 * (tid % 4);
+  // Loader roles: A row tid / 2, k 16 (tid % 2) .. + 15; W row tid / 4, k 8 (tid % 4) .. + 7.
+  const int ar = tid / 2, ak = 16 * (tid % 2), wr = tid / 4, wk = 8 * (tid % 4);
   const int64_t am = m0 + ar, wn = n0 + wr;
-  float av[AK], wv[8];
+  float av[16], wv[8];
   auto load = [&](int64_t k0) {
     if (am < a.M) {
       const float4* src = reinterpret_cast<const float4*>(a.A + am * a.lda + k0 + ak);
 #pragma unroll
-      for (int i = 0; i < AK / 4; ++i) {
+      for (int i = 0; i < 4; ++i) {
         const float4 p = src[i];
         av[4 * i] = p.x, av[4 * i + 1] = p.y, av[4 * i + 2] = p.z, av[4 * i + 3] = p.w;
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < AK; ++i) av[i] = 0.f;
+      for (int i = 0; i < 16; ++i) av[i] = 0.f;
     }
     if (wn < a.N) {
       load_w8<F>(a.W, wn, k0 + wk, wv);
@@ -85,34 +75,31 @@ __global__ void __launch_bounds__(256) gemm_f32_kernel(const PrefillGemmF32Args 
       for (int i = 0; i < 8; ++i) wv[i] = 0.f;
     }
   };
-  float acc[MI][4] = {};
+  float acc[8][4] = {};
   load(0);
   for (int64_t k0 = 0; k0 < a.K; k0 += TK) {
     __syncthreads();  // the previous tile's reads are done
 #pragma unroll
-    for (int i = 0; i < AK; ++i) As[ak + i][ar] = av[i];
+    for (int i = 0; i < 16; ++i) As[ak + i][ar] = av[i];
 #pragma unroll
     for (int i = 0; i < 8; ++i) Ws[wk + i][wr] = wv[i];
     __syncthreads();
     if (k0 + TK < a.K) load(k0 + TK);  // in flight during this tile's products
 #pragma unroll 8
     for (int k = 0; k < TK; ++k) {
-      float x[MI];
-#pragma unroll
-      for (int h = 0; h < MI / 4; ++h) {
-        const float4 xh = *reinterpret_cast<const float4*>(&As[k][64 * h + 4 * ty]);
-        x[4 * h] = xh.x, x[4 * h + 1] = xh.y, x[4 * h + 2] = xh.z, x[4 * h + 3] = xh.w;
-      }
+      const float4 x0 = *reinterpret_cast<const float4*>(&As[k][4 * ty]);
+      const float4 x1 = *reinterpret_cast<const float4*>(&As[k][64 + 4 * ty]);
       const float4 y4 = *reinterpret_cast<const float4*>(&Ws[k][4 * tx]);
+      const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
       const float y[4] = {y4.x, y4.y, y4.z, y4.w};
 #pragma unroll
-      for (int i = 0; i < MI; ++i)
+      for (int i = 0; i < 8; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(x[i], y[j], acc[i][j]);
     }
   }
 #pragma unroll
-  for (int i = 0; i < MI; ++i) {
+  for (int i = 0; i < 8; ++i) {
     const int64_t m = m0 + (i < 4 ? 4 * ty + i : 64 + 4 * ty + i - 4);
     if (m >= a.M) continue;
 #pragma unroll
@@ -125,27 +112,13 @@ __global__ void __launch_bounds__(256) gemm_f32_kernel(const PrefillGemmF32Args 
 
 }  // namespace
 
-int prefill_gemm_f32_tile_rows(int64_t M, int64_t N) {
-  const int64_t tiles128 = ((M + 127) / 128) * ((N + TN - 1) / TN);
-  return tiles128 < 2 * int64_t(num_sms()) ? 64 : 128;
-}
-
-namespace {
-template <int TM>
-void launch_tm(const PrefillGemmF32Args& a, cudaStream_t s) {
+void prefill_gemm_f32_launch(const PrefillGemmF32Args& a, cudaStream_t s) {
   const dim3 grid(unsigned((a.N + TN - 1) / TN), unsigned((a.M + TM - 1) / TM));
   switch (a.W.fmt) {
-    case DFmt::BF16: gemm_f32_kernel<DFmt::BF16, TM><<<grid, 256, 0, s>>>(a); break;
-    case DFmt::Q4: gemm_f32_kernel<DFmt::Q4, TM><<<grid, 256, 0, s>>>(a); break;
-    case DFmt::Q8: gemm_f32_kernel<DFmt::Q8, TM><<<grid, 256, 0, s>>>(a); break;
+    case DFmt::BF16: gemm_f32_kernel<DFmt::BF16><<<grid, 256, 0, s>>>(a); break;
+    case DFmt::Q4: gemm_f32_kernel<DFmt::Q4><<<grid, 256, 0, s>>>(a); break;
+    case DFmt::Q8: gemm_f32_kernel<DFmt::Q8><<<grid, 256, 0, s>>>(a); break;
   }
-}
-}  // namespace
-
-void prefill_gemm_f32_launch(const PrefillGemmF32Args& a, cudaStream_t s) {
-  const int tm = a.tile_rows != 0 ? a.tile_rows : prefill_gemm_f32_tile_rows(a.M, a.N);
-  if (tm == 64) launch_tm<64>(a, s);
-  else launch_tm<128>(a, s);
   KCUDA_LAUNCH("prefill_gemm_f32");
 }
 

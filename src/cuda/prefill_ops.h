@@ -79,12 +79,8 @@ struct PrefillGemmF32Args {
   DMat W;
   float* C = nullptr;
   int64_t ldc = 0;
-  int tile_rows = 0;  // A rows per tile: 64 or 128; 0 = prefill_gemm_f32_tile_rows (same bits)
 };
 void prefill_gemm_f32_launch(const PrefillGemmF32Args& a, cudaStream_t s);
-// The tile height the launcher takes for tile_rows = 0: 64 when 128-row tiles would give fewer
-// than two blocks per SM, else 128.
-int prefill_gemm_f32_tile_rows(int64_t M, int64_t N);
 
 }  // namespace kestrel::cuda
 
@@ -163,8 +159,6 @@ inline void prefill_gemm_f32(const PrefillGemmF32Args& a, cudaStream_t s) {
     KESTREL_CHECK(a.W.group == 64 && a.W.scales && a.W.biases,
                   "prefill_gemm_f32: affine group {} with scales/biases needed (group 64)", a.W.group);
   KESTREL_CHECK(al(a.W.data, 16), "prefill_gemm_f32: weight data not 16-byte aligned");
-  KESTREL_CHECK(a.tile_rows == 0 || a.tile_rows == 64 || a.tile_rows == 128,
-                "prefill_gemm_f32: tile_rows {} (0, 64 or 128)", a.tile_rows);
   KESTREL_CHECK((a.M + 63) / 64 < 65536, "prefill_gemm_f32: M {} too large", a.M);
   if (a.M > 0) prefill_gemm_f32_launch(a, s);
 }

@@ -9,7 +9,6 @@
 #include "util.h"
 
 #include <algorithm>
-#include <cstring>
 #include <numeric>
 
 namespace kestrel::cuda::test {
@@ -171,48 +170,38 @@ void run_gemm_f32(WFormat f, int64_t M, int64_t N, int64_t K, uint32_t seed) {
   cpu::matmul(W->m, x.data(), M, want.data());
   auto dW = to_dev(W->m);
   auto dx = to_dev(x);
+  auto dy = poisoned(want.size());
+  PrefillGemmF32Args a;
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  a.A = dx->as<float>();
+  a.lda = K;
+  a.W = dW->d;
+  a.C = dy->as<float>();
+  a.ldc = N;
+  prefill_gemm_f32(a, nullptr);
+  const auto got = to_host<float>(*dy, want.size());
   float amax = 0;
   for (float v : want) amax = std::max(amax, std::fabs(v));
-  // Both tile heights and the launcher's own choice; each output is the same fmaf chain in every
-  // tile, so the two heights must agree bit for bit.
-  std::vector<float> first;
-  for (int tile_rows : {0, 64, 128}) {
-    auto dy = poisoned(want.size());
-    PrefillGemmF32Args a;
-    a.M = M;
-    a.N = N;
-    a.K = K;
-    a.A = dx->as<float>();
-    a.lda = K;
-    a.W = dW->d;
-    a.C = dy->as<float>();
-    a.ldc = N;
-    a.tile_rows = tile_rows;
-    prefill_gemm_f32(a, nullptr);
-    const auto got = to_host<float>(*dy, want.size());
-    const std::string what = fmt::format("prefill_gemm_f32 {} M={} N={} K={} tile_rows={} (auto {})",
-                                         wformat_name(f), M, N, K, tile_rows,
-                                         prefill_gemm_f32_tile_rows(M, N));
-    expect_close(got, want, 1e-5f * amax, 1e-5f, what);
-    if (first.empty()) first = got;
-    else EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * 4)) << what << ": bits differ";
-    // Discrete choices: the top-8 of each row (router) agree wherever the CPU's 8th and 9th values
-    // are further apart than 1e-5 of the row's scale.
-    const int k = int(std::min<int64_t>(8, N - 1));
-    int compared = 0;
-    for (int64_t m = 0; m < M; ++m) {
-      const float* wr = want.data() + m * N;
-      const auto wk = topk_of(wr, int(N), k + 1);
-      if (wr[wk[size_t(k - 1)]] - wr[wk[size_t(k)]] <= 1e-5f * amax) continue;
-      auto wsel = std::vector<int>(wk.begin(), wk.begin() + k);
-      auto gsel = topk_of(got.data() + m * N, int(N), k);
-      std::sort(wsel.begin(), wsel.end());
-      std::sort(gsel.begin(), gsel.end());
-      EXPECT_EQ(gsel, wsel) << what << ": row " << m << " top-" << k << " differs";
-      ++compared;
-    }
-    EXPECT_GE(compared, int(M * 9 / 10)) << what << ": too many near-ties to compare";
+  const std::string what = fmt::format("prefill_gemm_f32 {} M={} N={} K={}", wformat_name(f), M, N, K);
+  expect_close(got, want, 1e-5f * amax, 1e-5f, what);
+  // Discrete choices: the top-8 of each row (router) agree wherever the CPU's 8th and 9th values
+  // are further apart than 1e-5 of the row's scale.
+  const int k = int(std::min<int64_t>(8, N - 1));
+  int compared = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* wr = want.data() + m * N;
+    const auto wk = topk_of(wr, int(N), k + 1);
+    if (wr[wk[size_t(k - 1)]] - wr[wk[size_t(k)]] <= 1e-5f * amax) continue;
+    auto wsel = std::vector<int>(wk.begin(), wk.begin() + k);
+    auto gsel = topk_of(got.data() + m * N, int(N), k);
+    std::sort(wsel.begin(), wsel.end());
+    std::sort(gsel.begin(), gsel.end());
+    EXPECT_EQ(gsel, wsel) << what << ": row " << m << " top-" << k << " differs";
+    ++compared;
   }
+  EXPECT_GE(compared, int(M * 9 / 10)) << what << ": too many near-ties to compare";
 }
 
 TEST(PrefillOps, GemmF32MatchesCpu) {
@@ -226,10 +215,6 @@ TEST(PrefillOps, GemmF32MatchesCpu) {
     run_gemm_f32(f, 1000, 256, 2048, ++seed);  // several 128-row tiles, a partial last one
     run_gemm_f32(f, 129, 100, 192, ++seed);    // short K (3 groups of 64), N of two partial tiles
   }
-  // The launcher's tile height: 64 rows while 128-row tiles give under two blocks per SM (the
-  // router of a 4K chunk: 128 tiles), 128 beyond (the router of 16K rows: 512 tiles).
-  EXPECT_EQ(prefill_gemm_f32_tile_rows(4096, 256), 64);
-  EXPECT_EQ(prefill_gemm_f32_tile_rows(16384, 256), 128);
 }
 
 TEST(PrefillOps, RejectBadArguments) {
@@ -258,9 +243,6 @@ TEST(PrefillOps, RejectBadArguments) {
   b = a;
   b.C = nullptr;
   EXPECT_THROW(prefill_gemm_f32(b, nullptr), Error);
-  b = a;
-  b.tile_rows = 32;
-  EXPECT_THROW(prefill_gemm_f32(b, nullptr), Error);  // tile heights 64 and 128 only
   PrefillRmsNormArgs r;
   r.T = 1;
   r.n = 2046;
