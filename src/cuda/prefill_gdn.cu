@@ -1,6 +1,7 @@
 // Gated DeltaNet prefill: causal conv1d + SiLU over T tokens (conv window carried in the decode
 // layout), then the chunked (WY) delta rule, chunk 64, fp32 state carried between chunks in the
-// decode layout [Hv, dv, dk]. fp32 throughout (the reference's precision for the delta rule).
+// decode layout [Hv, dv, dk]. fp32 throughout (the reference's precision for the delta rule), the
+// scan's products in 3xTF32 on the tensor cores (fp32 accumulation, ~2^-21 per product).
 //
 // Two kernels. Per chunk c (64 positions i, j; G = in-chunk cumsum of g):
 //   1. gdn_prep (one block per (chunk, v-head), all chunks in parallel: nothing here needs the state)
@@ -9,6 +10,7 @@
 //        Qe = q exp(G),  Kd = k exp(G_63 - G),  eL = exp(G_63)
 //   2. gdn_scan (one block per (v-head, 32-column slice of dv); the state slice stays in shared
 //      memory; chunks in order):  V' = U - W S;  O = Qe S + P V';  S = eL S + Kd^T V'
+//      (on the tensor cores in 3xTF32, ~fp32; below)
 #include "cuda/common.cuh"
 #include "cuda/prefill.h"
 #include "cuda/prefill_mma.h"
@@ -193,28 +195,79 @@ __global__ void __launch_bounds__(kThreads) gdn_prep_kernel(const PrefillGdnArgs
   if (tid == 0) g.eL[ch * a.Hv + j] = expf(GL);
 }
 
+// The scan's three products on the tensor cores in 3xTF32 (mma.sync m16n8k8: x = hi + lo, each
+// a tf32, and a b = ah bh + ah bl + al bh with fp32 accumulation: ~2^-21 relative per product,
+// against fp32's 2^-24; the test bound is 1e-4). The fp32 FMA version (measured 772 µs per 4K
+// layer, ~22K cycles per chunk) was bound by its shared-memory operand reads (12 wavefronts per 32
+// FMA in V' and O, 5 per 16 in the update) and its instruction count (~4,500 per warp and chunk).
+//
+// Row strides (floats) make every fragment read conflict-free: A fragments of W, Qe, P (rows g,
+// k t) hit bank 4 g + t; Kd is read transposed (k = token t, m = dk index g) at 8 t + g, and the
+// B fragments of S and V' (k t, n g) at 8 t + g.
+constexpr int WS = DK + 4, KDS = DK + 8, PS = C + 4, VS = DVS + 8;
 struct ScanSmem {
-  float W[C][DK];
-  float Qe[C][DK];
-  float Kd[C][DK];
-  float P[C][C];
-  float U[C][DVS];
-  float vp[C][DVS];
-  float S[DK][DVS];
+  float W[C][WS];
+  float Qe[C][WS];
+  float Kd[C][KDS];
+  float P[C][PS];
+  float U[C][VS];
+  float vp[C][VS];
+  float S[DK][VS];
 };
+
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
+  const float r = x - __uint_as_float(hi);
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(r));
+}
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// An A fragment (16 x 8, row-major at a[row * ld + k]) split: rows g, g + 8; k t, t + 4.
+__device__ __forceinline__ void frag_a(const float* a, int ld, int g, int t, uint32_t (&h)[4],
+                                       uint32_t (&l)[4]) {
+  split_tf32(a[g * ld + t], h[0], l[0]);
+  split_tf32(a[(g + 8) * ld + t], h[1], l[1]);
+  split_tf32(a[g * ld + t + 4], h[2], l[2]);
+  split_tf32(a[(g + 8) * ld + t + 4], h[3], l[3]);
+}
+// The A fragment of a transposed operand (A[m][k] = at[k * ld + m]).
+__device__ __forceinline__ void frag_at(const float* at, int ld, int g, int t, uint32_t (&h)[4],
+                                        uint32_t (&l)[4]) {
+  split_tf32(at[t * ld + g], h[0], l[0]);
+  split_tf32(at[t * ld + g + 8], h[1], l[1]);
+  split_tf32(at[(t + 4) * ld + g], h[2], l[2]);
+  split_tf32(at[(t + 4) * ld + g + 8], h[3], l[3]);
+}
+// d += A B for one k8 step, B (8 x 8, B[k][n] = b[k * ld + n]): k t, t + 4; n g.
+__device__ __forceinline__ void mma3(float (&d)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                     const float* b, int ld, int g, int t) {
+  uint32_t bh0, bl0, bh1, bl1;
+  split_tf32(b[t * ld + g], bh0, bl0);
+  split_tf32(b[(t + 4) * ld + g], bh1, bl1);
+  mma_tf32(d, al, bh0, bh1);  // the small terms first
+  mma_tf32(d, ah, bl0, bl1);
+  mma_tf32(d, ah, bh0, bh1);
+}
 
 __global__ void __launch_bounds__(kThreads) gdn_scan_kernel(const PrefillGdnArgs a) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   ScanSmem& sm = *reinterpret_cast<ScanSmem*>(smem_raw);
   const int j = blockIdx.x, sl = blockIdx.y;
-  const int tid = threadIdx.x;
-  const GdnScratch g = gdn_scratch(a.scratch, a.T, a.Hv);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const GdnScratch gs = gdn_scratch(a.scratch, a.T, a.Hv);
   float* state = a.state + size_t(j) * DV * DK;  // [dv][dk]
   for (int i = tid; i < DK * DVS; i += kThreads) {
     const int c = i / DK, r = i % DK;
     sm.S[r][c] = state[size_t(sl * DVS + c) * DK + r];
   }
-  const int c = tid & 31, i0 = (tid >> 5) * 8, r0 = (tid >> 5) * 16;
+  // Warp tiles: V' and O (64 x 32) rows 16 mt .. + 15, column tiles 8 nt, nt in {n0, n0 + 1};
+  // the state update (128 x 32) rows 16 warp .. + 15, all four column tiles.
+  const int mt = warp >> 1, n0 = 2 * (warp & 1);
   const int64_t nch = (a.T + C - 1) / C;
   // Operands of chunk ch go to shared memory by cp.async (every copy in flight at once, no register
   // round trip); each buffer of chunk ch + 1 is requested as soon as chunk ch has finished reading
@@ -222,115 +275,127 @@ __global__ void __launch_bounds__(kThreads) gdn_scan_kernel(const PrefillGdnArgs
   // next products instead of preceding every chunk (measured at da3230e: 1.16 ms per layer for
   // 64 chunks, mostly staging latency). Kd, requested last (after the state update), is waited
   // for only before the next update, not at the chunk's start.
-  auto stage_rows = [&](float (*dst)[DK], const float* src, int64_t ch) {
+  auto stage_rows = [&](float* dst, int ld, const float* src, int64_t ch) {
     for (int x = tid; x < C * 32; x += kThreads) {
       const int i = x / 32, c4 = x % 32;
-      pf::cp_async16(&dst[i][4 * c4], src + ((ch * C + i) * a.Hv + j) * 128 + 4 * c4);
+      pf::cp_async16(dst + i * ld + 4 * c4, src + ((ch * C + i) * a.Hv + j) * 128 + 4 * c4);
     }
   };
   auto stage_U = [&](int64_t ch) {
     for (int x = tid; x < C * DVS / 4; x += kThreads) {
       const int i = x / (DVS / 4), c4 = x % (DVS / 4);
-      pf::cp_async16(&sm.U[i][4 * c4], g.U + ((ch * C + i) * a.Hv + j) * 128 + sl * DVS + 4 * c4);
+      pf::cp_async16(&sm.U[i][4 * c4], gs.U + ((ch * C + i) * a.Hv + j) * 128 + sl * DVS + 4 * c4);
     }
   };
   auto stage_P = [&](int64_t ch) {
-    const float* Pg = g.P + (ch * a.Hv + j) * C * C;
-    for (int x = tid; x < C * C / 4; x += kThreads) pf::cp_async16(&sm.P[0][0] + 4 * x, Pg + 4 * x);
+    const float* Pg = gs.P + (ch * a.Hv + j) * C * C;
+    for (int x = tid; x < C * C / 4; x += kThreads) {
+      const int i = x / (C / 4), c4 = x % (C / 4);
+      pf::cp_async16(&sm.P[i][4 * c4], Pg + i * C + 4 * c4);
+    }
   };
   // Commit groups: chunk ch's Kd is always the most recent group when chunk ch starts, and only
   // the state update needs it, so the chunk waits for everything else first (wait_group 1) and
   // for Kd before the update (wait_group 1 again: W and U of ch + 1 are then the most recent).
-  stage_rows(sm.W, g.W, 0);
-  stage_rows(sm.Qe, g.Qe, 0);
+  stage_rows(&sm.W[0][0], WS, gs.W, 0);
+  stage_rows(&sm.Qe[0][0], WS, gs.Qe, 0);
   stage_P(0);
   stage_U(0);
   pf::cp_async_commit();
-  stage_rows(sm.Kd, g.Kd, 0);
+  stage_rows(&sm.Kd[0][0], KDS, gs.Kd, 0);
   pf::cp_async_commit();
   for (int64_t ch = 0; ch < nch; ++ch) {
     const int64_t t0 = ch * C;
     const bool more = ch + 1 < nch;
-    const float eL = g.eL[ch * a.Hv + j];
+    const float eL = gs.eL[ch * a.Hv + j];
     pf::cp_async_wait<1>();  // W, U, Qe, P of chunk ch (its Kd may still be in flight)
     __syncthreads();
-    // V' = U - W S (64 x 32): thread column c, rows i0..i0+7.
+    // V' = U - W S.
     {
-      float acc[8];
+      float d[2][4] = {};
+#pragma unroll 4
+      for (int k0 = 0; k0 < DK; k0 += 8) {
+        uint32_t ah[4], al[4];
+        frag_a(&sm.W[16 * mt][k0], WS, g, t, ah, al);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = sm.U[i0 + e][c];
-      for (int r = 0; r < DK; r += 4) {
-        const float s0 = sm.S[r][c], s1 = sm.S[r + 1][c], s2 = sm.S[r + 2][c], s3 = sm.S[r + 3][c];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float4 w = *reinterpret_cast<const float4*>(&sm.W[i0 + e][r]);
-          acc[e] -= w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
-        }
+        for (int q = 0; q < 2; ++q) mma3(d[q], ah, al, &sm.S[k0][8 * (n0 + q)], VS, g, t);
       }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) sm.vp[i0 + e][c] = acc[e];
+      for (int q = 0; q < 2; ++q)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = 16 * mt + g + 8 * h, c = 8 * (n0 + q) + 2 * t;
+          const float2 u = *reinterpret_cast<const float2*>(&sm.U[r][c]);
+          *reinterpret_cast<float2*>(&sm.vp[r][c]) = make_float2(u.x - d[q][2 * h], u.y - d[q][2 * h + 1]);
+        }
     }
     __syncthreads();
     if (more) {  // W and U of this chunk are consumed
-      stage_rows(sm.W, g.W, ch + 1);
+      stage_rows(&sm.W[0][0], WS, gs.W, ch + 1);
       stage_U(ch + 1);
     }
     pf::cp_async_commit();
-    // O = Qe S + P V'.
+    // O = Qe S + P V' (P is 0 above the diagonal: k-steps past the tile's last row are skipped).
     {
-      float acc[8];
+      float d[2][4] = {};
+#pragma unroll 4
+      for (int k0 = 0; k0 < DK; k0 += 8) {
+        uint32_t ah[4], al[4];
+        frag_a(&sm.Qe[16 * mt][k0], WS, g, t, ah, al);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-      for (int r = 0; r < DK; r += 4) {
-        const float s0 = sm.S[r][c], s1 = sm.S[r + 1][c], s2 = sm.S[r + 2][c], s3 = sm.S[r + 3][c];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float4 q = *reinterpret_cast<const float4*>(&sm.Qe[i0 + e][r]);
-          acc[e] += q.x * s0 + q.y * s1 + q.z * s2 + q.w * s3;
-        }
+        for (int q = 0; q < 2; ++q) mma3(d[q], ah, al, &sm.S[k0][8 * (n0 + q)], VS, g, t);
       }
-      for (int jx = 0; jx < i0 + 8; jx += 4) {  // P is 0 above the diagonal
-        const float v0 = sm.vp[jx][c], v1 = sm.vp[jx + 1][c], v2 = sm.vp[jx + 2][c], v3 = sm.vp[jx + 3][c];
+      for (int k0 = 0; k0 < 16 * (mt + 1); k0 += 8) {
+        uint32_t ah[4], al[4];
+        frag_a(&sm.P[16 * mt][k0], PS, g, t, ah, al);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float4 p = *reinterpret_cast<const float4*>(&sm.P[i0 + e][jx]);
-          acc[e] += p.x * v0 + p.y * v1 + p.z * v2 + p.w * v3;
-        }
+        for (int q = 0; q < 2; ++q) mma3(d[q], ah, al, &sm.vp[k0][8 * (n0 + q)], VS, g, t);
       }
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const int64_t t = t0 + i0 + e;
-        if (t < a.T) a.o[t * (int64_t(a.Hv) * DV) + j * DV + sl * DVS + c] = acc[e];
+      for (int h = 0; h < 2; ++h) {
+        const int64_t tt = t0 + 16 * mt + g + 8 * h;
+        if (tt >= a.T) continue;
+        float* orow = a.o + tt * (int64_t(a.Hv) * DV) + j * DV + sl * DVS;
+#pragma unroll
+        for (int q = 0; q < 2; ++q)
+          *reinterpret_cast<float2*>(orow + 8 * (n0 + q) + 2 * t) = make_float2(d[q][2 * h], d[q][2 * h + 1]);
       }
     }
     pf::cp_async_wait<1>();  // Kd of chunk ch (W and U of ch + 1 may still be in flight)
     __syncthreads();
     if (more) {  // Qe and P consumed
-      stage_rows(sm.Qe, g.Qe, ch + 1);
+      stage_rows(&sm.Qe[0][0], WS, gs.Qe, ch + 1);
       stage_P(ch + 1);
     }
     pf::cp_async_commit();
-    // S = eL S + Kd^T V': thread column c, rows r0..r0+15.
+    // S = eL S + Kd^T V': rows 16 warp .. + 15 of dk.
     {
-      float acc[16];
+      const int r0 = 16 * warp;
+      float d[4][4];
 #pragma unroll
-      for (int e = 0; e < 16; ++e) acc[e] = sm.S[r0 + e][c] * eL;
-      for (int i = 0; i < C; ++i) {
-        const float v = sm.vp[i][c];
+      for (int q = 0; q < 4; ++q)
 #pragma unroll
-        for (int e4 = 0; e4 < 4; ++e4) {
-          const float4 k = *reinterpret_cast<const float4*>(&sm.Kd[i][r0 + 4 * e4]);
-          acc[4 * e4] += k.x * v;
-          acc[4 * e4 + 1] += k.y * v;
-          acc[4 * e4 + 2] += k.z * v;
-          acc[4 * e4 + 3] += k.w * v;
+        for (int h = 0; h < 2; ++h) {
+          const float2 sv = *reinterpret_cast<const float2*>(&sm.S[r0 + g + 8 * h][8 * q + 2 * t]);
+          d[q][2 * h] = sv.x * eL;
+          d[q][2 * h + 1] = sv.y * eL;
         }
+#pragma unroll 2
+      for (int k0 = 0; k0 < C; k0 += 8) {
+        uint32_t ah[4], al[4];
+        frag_at(&sm.Kd[k0][r0], KDS, g, t, ah, al);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) mma3(d[q], ah, al, &sm.vp[k0][8 * q], VS, g, t);
       }
 #pragma unroll
-      for (int e = 0; e < 16; ++e) sm.S[r0 + e][c] = acc[e];
+      for (int q = 0; q < 4; ++q)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<float2*>(&sm.S[r0 + g + 8 * h][8 * q + 2 * t]) =
+              make_float2(d[q][2 * h], d[q][2 * h + 1]);
     }
     __syncthreads();
-    if (more) stage_rows(sm.Kd, g.Kd, ch + 1);  // Kd consumed
+    if (more) stage_rows(&sm.Kd[0][0], KDS, gs.Kd, ch + 1);  // Kd consumed
     pf::cp_async_commit();
   }
   for (int i = tid; i < DK * DVS; i += kThreads) {
