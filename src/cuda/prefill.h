@@ -294,8 +294,11 @@ struct PrefillAttnArgs {
   uint16_t* vcache = nullptr;
   float* out = nullptr;         // fp32 [T, heads*D]
   bool gated = true;
+  bool p_split = true;          // P V with P as bf16 hi + lo (exact); false: P one bf16 plane
   int heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;
 };
+// KESTREL_ATTN_P = split (default) | bf16: the prompt step's p_split.
+bool prefill_attn_p_split();
 void prefill_attn_init();
 void prefill_attn_prep_launch(const PrefillAttnArgs& a, cudaStream_t s);
 void prefill_attn_launch(const PrefillAttnArgs& a, cudaStream_t s);

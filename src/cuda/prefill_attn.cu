@@ -1,7 +1,7 @@
 // Causal flash attention for prefill (head dim 256, GQA), on tensor cores (mma.sync m16n8k16 bf16,
 // fp32 accumulate, online softmax in fp32). q and the probabilities are fp32 numbers split into
 // bf16 hi + lo parts, both multiplied (K and V are exact: the bf16 cache), so the result matches
-// the fp32 oracle reading the same bf16 cache. Prep kernel: q/k RMSNorm + NeoX partial RoPE, q's
+// the fp32 oracle reading the same bf16 cache (p_split = false: P as one bf16 plane, opt-in). Prep kernel: q/k RMSNorm + NeoX partial RoPE, q's
 // two parts to a bf16 buffer, k and v
 // appended to the bf16 KV cache in the decode layout [capacity, kv_heads, D]. Epilogue: 1/l and the
 // sigmoid output gate.
@@ -104,6 +104,9 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a)
   }
 }
 
+// PS: P V with the probabilities as bf16 hi + lo (the exact route); else P as one bf16 plane (the
+// rounding every flash attention applies; ~2^-9 relative per weight, half the P V MMAs).
+template <bool PS>
 __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   AttnSmem& sm = *reinterpret_cast<AttnSmem*>(smem_raw);
@@ -177,7 +180,10 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
     }
     __syncthreads();  // every warp is done with this K tile
     if (more) load_tile(sm.k, a.kcache, kv0 + KT);
-    // Online softmax (base 2), causal mask.
+    // Online softmax (base 2), causal mask. With one P plane, a row half of the accumulator is
+    // rescaled only when some row of the warp has a new maximum (corr != 1; o * 1 is o, so
+    // skipping it changes nothing); the split route rescales always (the branch costs it 52 bytes
+    // of spills at 255 registers).
     float p[4][4];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -209,10 +215,12 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       lrow[hh] = lrow[hh] * corr + sum;
+      if (PS || __any_sync(0xffffffffu, corr != 1.f)) {
 #pragma unroll
-      for (int n = 0; n < 32; ++n) {
-        o[n][2 * hh] *= corr;
-        o[n][2 * hh + 1] *= corr;
+        for (int n = 0; n < 32; ++n) {
+          o[n][2 * hh] *= corr;
+          o[n][2 * hh + 1] *= corr;
+        }
       }
     }
     // O += P V (this tile's V landed: at most the next K is still in flight).
@@ -226,18 +234,22 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
       af[1] = pf::pack_bf16(p[2 * kk][2], p[2 * kk][3]);
       af[2] = pf::pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
       af[3] = pf::pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
-      afl[0] = pf::pack_bf16(p[2 * kk][0] - pf::bf16_lo(af[0]), p[2 * kk][1] - pf::bf16_hi(af[0]));
-      afl[1] = pf::pack_bf16(p[2 * kk][2] - pf::bf16_lo(af[1]), p[2 * kk][3] - pf::bf16_hi(af[1]));
-      afl[2] = pf::pack_bf16(p[2 * kk + 1][0] - pf::bf16_lo(af[2]), p[2 * kk + 1][1] - pf::bf16_hi(af[2]));
-      afl[3] = pf::pack_bf16(p[2 * kk + 1][2] - pf::bf16_lo(af[3]), p[2 * kk + 1][3] - pf::bf16_hi(af[3]));
+      if constexpr (PS) {
+        afl[0] = pf::pack_bf16(p[2 * kk][0] - pf::bf16_lo(af[0]), p[2 * kk][1] - pf::bf16_hi(af[0]));
+        afl[1] = pf::pack_bf16(p[2 * kk][2] - pf::bf16_lo(af[1]), p[2 * kk][3] - pf::bf16_hi(af[1]));
+        afl[2] = pf::pack_bf16(p[2 * kk + 1][0] - pf::bf16_lo(af[2]), p[2 * kk + 1][1] - pf::bf16_hi(af[2]));
+        afl[3] = pf::pack_bf16(p[2 * kk + 1][2] - pf::bf16_lo(af[3]), p[2 * kk + 1][3] - pf::bf16_hi(af[3]));
+      }
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t r[4];
         pf::ldsm_x4_t(r, &sm.v[kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][dp * 16 + (lane >> 4) * 8]);
         pf::mma_bf16(o[2 * dp], af, r[0], r[1]);
         pf::mma_bf16(o[2 * dp + 1], af, r[2], r[3]);
-        pf::mma_bf16(o[2 * dp], afl, r[0], r[1]);
-        pf::mma_bf16(o[2 * dp + 1], afl, r[2], r[3]);
+        if constexpr (PS) {
+          pf::mma_bf16(o[2 * dp], afl, r[0], r[1]);
+          pf::mma_bf16(o[2 * dp + 1], afl, r[2], r[3]);
+        }
       }
     }
     __syncthreads();  // every warp is done with this V tile
@@ -270,7 +282,9 @@ std::once_flag g_attn_once;
 
 void prefill_attn_init() {
   std::call_once(g_attn_once, [] {
-    KCUDA(cudaFuncSetAttribute(flash_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    KCUDA(cudaFuncSetAttribute(flash_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(sizeof(AttnSmem))));
+    KCUDA(cudaFuncSetAttribute(flash_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(sizeof(AttnSmem))));
   });
 }
@@ -283,7 +297,9 @@ void prefill_attn_prep_launch(const PrefillAttnArgs& a, cudaStream_t s) {
 
 void prefill_attn_launch(const PrefillAttnArgs& a, cudaStream_t s) {
   prefill_attn_init();
-  flash_kernel<<<dim3(unsigned((a.T + QT - 1) / QT), unsigned(a.heads)), kThreads, sizeof(AttnSmem), s>>>(a);
+  const dim3 grid(unsigned((a.T + QT - 1) / QT), unsigned(a.heads));
+  if (a.p_split) flash_kernel<true><<<grid, kThreads, sizeof(AttnSmem), s>>>(a);
+  else flash_kernel<false><<<grid, kThreads, sizeof(AttnSmem), s>>>(a);
   KCUDA_LAUNCH("prefill_attn");
 }
 

@@ -168,6 +168,13 @@ PrefillGemmChoice prefill_gemm_choice_from_env() {
   return PrefillGemmChoice::Pipe;
 }
 
+bool prefill_attn_p_split() {
+  const char* e = std::getenv("KESTREL_ATTN_P");
+  if (e == nullptr || *e == 0 || std::strcmp(e, "split") == 0) return true;
+  KESTREL_CHECK(std::strcmp(e, "bf16") == 0, "KESTREL_ATTN_P={}: expected split or bf16", e);
+  return false;
+}
+
 PipeMma prefill_pipe_q4_mma() {
   const char* e = std::getenv("KESTREL_PIPE_MMA");
   if (e == nullptr || *e == 0 || std::strcmp(e, "wgmma") == 0) return PipeMma::Wgmma;
@@ -436,11 +443,11 @@ void PrefillStep::attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int
   a.vcache = sq.vc[size_t(l)];
   a.out = buf_.attn;
   a.gated = true;
+  a.p_split = prefill_attn_p_split();
   a.heads = c.num_attention_heads;
   a.kv_heads = c.num_kv_heads;
   a.head_dim = c.head_dim;
   a.rotary_dim = c.rotary_dim;
-  // A chunk being redone (route_ Split) is redone exactly, whatever the knob says.
   prefill_attn(a, s);
   gemm(split(buf_.attn, AO, T, AO, s), buf_.attn, AO, T, d.o, buf_.x, H, GemmEpi::Residual, s);
 }

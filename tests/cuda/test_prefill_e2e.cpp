@@ -22,6 +22,7 @@
 #include "util.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 
 namespace kestrel::cuda::test {
@@ -77,6 +78,9 @@ void compare_rows(const std::vector<float>& got, int rows, const std::vector<flo
       }
     }
   }
+  // (Printed in every run: the margin to the bound is what tells a route's precision apart.)
+  std::printf("%s: worst logits error %.3g at position %lld of %d rows from %lld\n", what.c_str(), worst,
+              (long long)worst_row, rows, (long long)first);
   EXPECT_LT(worst, 1e-2) << what << ": worst logits error " << worst << " at position " << worst_row
                          << " (" << rows << " rows from position " << first << ")";
   EXPECT_EQ(argmax_bad, 0) << what << ": " << argmax_bad << " of " << decisive_rows

@@ -833,7 +833,7 @@ TEST(PrefillGdn, ChunkedMatchesRecurrence) {
 
 // ---------------------------------------------------------------------------------------------
 // Flash attention against cpu::attention over the same bf16 cache contents.
-void run_attn(int64_t T, int64_t pos0, uint32_t seed) {
+void run_attn(int64_t T, int64_t pos0, uint32_t seed, bool p_split = true) {
   std::mt19937 g(seed);
   const int H = 16, Hkv = 2, D = 256, rot = 64;
   const int64_t cap = pos0 + T + 5;
@@ -895,8 +895,9 @@ void run_attn(int64_t T, int64_t pos0, uint32_t seed) {
   a.kv_heads = Hkv;
   a.head_dim = D;
   a.rotary_dim = rot;
+  a.p_split = p_split;
   prefill_attn(a, nullptr);
-  const std::string what = fmt::format("prefill_attn T={} pos0={}", T, pos0);
+  const std::string what = fmt::format("prefill_attn T={} pos0={} p_split={}", T, pos0, p_split);
   EXPECT_LT(rel_err(to_host<float>(*dout, want.size()), want, what.c_str()), 1e-2) << what;
   // The cache: rows before pos0 untouched, new rows = normed/roped k and raw v (bf16; at most one
   // rounding step apart where fp32 summation order differs), rows after untouched.
@@ -917,6 +918,27 @@ TEST(PrefillAttn, FlashMatchesCpu) {
   for (int64_t T : {1, 7, 63, 64, 65, 1000}) run_attn(T, 0, seed++);
   run_attn(65, 1000, seed++);  // continuing after a cached prefix (chunked prefill)
   run_attn(1, 37, seed++);
+}
+
+// P as one bf16 plane (KESTREL_ATTN_P=bf16, opt-in): same bound; and the switch's parsing.
+TEST(PrefillAttn, FlashBf16PMatchesCpu) {
+  REQUIRE_GPU();
+  uint32_t seed = 650;
+  for (int64_t T : {1, 64, 65, 1000}) run_attn(T, 0, seed++, false);
+  run_attn(65, 1000, seed++, false);
+  struct Env {
+    explicit Env(const char* v) { setenv("KESTREL_ATTN_P", v, 1); }
+    ~Env() { unsetenv("KESTREL_ATTN_P"); }
+  };
+  EXPECT_TRUE(prefill_attn_p_split());
+  {
+    const Env e("bf16");
+    EXPECT_FALSE(prefill_attn_p_split());
+  }
+  {
+    const Env e("bogus");
+    EXPECT_THROW(prefill_attn_p_split(), Error);
+  }
 }
 
 }  // namespace
