@@ -1,7 +1,8 @@
 // Causal flash attention for prefill (head dim 256, GQA), on tensor cores (mma.sync m16n8k16 bf16,
 // fp32 accumulate, online softmax in fp32). q and the probabilities are fp32 numbers split into
 // bf16 hi + lo parts, both multiplied (K and V are exact: the bf16 cache), so the result matches
-// the fp32 oracle reading the same bf16 cache (p_split = false: P as one bf16 plane, opt-in). Prep kernel: q/k RMSNorm + NeoX partial RoPE, q's
+// the fp32 oracle reading the same bf16 cache. By default (p_split = false) P is one bf16 plane,
+// as in every flash attention (half the P V MMAs); p_split = true multiplies its lo part too. Prep kernel: q/k RMSNorm + NeoX partial RoPE, q's
 // two parts to a bf16 buffer, k and v
 // appended to the bf16 KV cache in the decode layout [capacity, kv_heads, D]. Epilogue: 1/l and the
 // sigmoid output gate.
@@ -104,8 +105,8 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a)
   }
 }
 
-// PS: P V with the probabilities as bf16 hi + lo (the exact route); else P as one bf16 plane (the
-// rounding every flash attention applies; ~2^-9 relative per weight, half the P V MMAs).
+// PS: P V with the probabilities as bf16 hi + lo; else P as one bf16 plane (the default: the
+// rounding every flash attention applies, ~2^-9 relative per weight, half the P V MMAs).
 template <bool PS>
 __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a) {
   extern __shared__ __align__(16) uint8_t smem_raw[];

@@ -170,9 +170,9 @@ PrefillGemmChoice prefill_gemm_choice_from_env() {
 
 bool prefill_attn_p_split() {
   const char* e = std::getenv("KESTREL_ATTN_P");
-  if (e == nullptr || *e == 0 || std::strcmp(e, "split") == 0) return true;
-  KESTREL_CHECK(std::strcmp(e, "bf16") == 0, "KESTREL_ATTN_P={}: expected split or bf16", e);
-  return false;
+  if (e == nullptr || *e == 0 || std::strcmp(e, "bf16") == 0) return false;
+  KESTREL_CHECK(std::strcmp(e, "split") == 0, "KESTREL_ATTN_P={}: expected bf16 or split", e);
+  return true;
 }
 
 PipeMma prefill_pipe_q4_mma() {

@@ -235,6 +235,21 @@ TEST(PrefillE2E, RandomRealWidthQ4) {
   run_random(WFormat::Q4, WFormat::Q8, 12);
 }
 
+// Attention with P split (KESTREL_ATTN_P=split; the default multiplies P as one bf16 plane).
+TEST(PrefillE2E, AttentionPSplit) {
+  REQUIRE_GPU();
+  struct Env {
+    Env() { setenv("KESTREL_ATTN_P", "split", 1); }
+    ~Env() { unsetenv("KESTREL_ATTN_P"); }
+  } env;
+  ASSERT_TRUE(prefill_attn_p_split());
+  const ModelConfig c = small_real_width_config();
+  const uint32_t seed = 16;
+  cpu::CpuBackend cpu_b(random_weights(c, WFormat::Q4, WFormat::Q8, seed), 0);
+  auto gpu_b = make_cuda_backend(random_weights(c, WFormat::Q4, WFormat::Q8, seed), BackendOptions{});
+  check_prompts(cpu_b, *gpu_b, "random q4, attention P split", seed + 100);
+}
+
 TEST(PrefillE2E, SplitRouteAndF16RangeRedo) {
   REQUIRE_GPU();
   const ModelConfig c = small_real_width_config();

@@ -920,7 +920,8 @@ TEST(PrefillAttn, FlashMatchesCpu) {
   run_attn(1, 37, seed++);
 }
 
-// P as one bf16 plane (KESTREL_ATTN_P=bf16, opt-in): same bound; and the switch's parsing.
+// P as one bf16 plane (the default, KESTREL_ATTN_P=bf16): same bound; and the switch's parsing
+// (FlashMatchesCpu above runs P split, KESTREL_ATTN_P=split).
 TEST(PrefillAttn, FlashBf16PMatchesCpu) {
   REQUIRE_GPU();
   uint32_t seed = 650;
@@ -930,7 +931,11 @@ TEST(PrefillAttn, FlashBf16PMatchesCpu) {
     explicit Env(const char* v) { setenv("KESTREL_ATTN_P", v, 1); }
     ~Env() { unsetenv("KESTREL_ATTN_P"); }
   };
-  EXPECT_TRUE(prefill_attn_p_split());
+  EXPECT_FALSE(prefill_attn_p_split());
+  {
+    const Env e("split");
+    EXPECT_TRUE(prefill_attn_p_split());
+  }
   {
     const Env e("bf16");
     EXPECT_FALSE(prefill_attn_p_split());
