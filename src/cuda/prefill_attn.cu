@@ -7,10 +7,12 @@
 // appended to the bf16 KV cache in the decode layout [capacity, kv_heads, D]. Epilogue: 1/l and the
 // sigmoid output gate.
 //
-// Block = 64 query rows of one head (4 warps x 16 rows); key tiles of 32 staged in shared memory.
+// Block = 64 query rows of one head (4 warps x 16 rows, one warpgroup); key tiles of 32 staged in
+// shared memory. Q K^T on wgmma by default (qk_wgmma), P V on mma.sync.
 #include "cuda/common.cuh"
 #include "cuda/prefill.h"
 #include "cuda/prefill_mma.h"
+#include "cuda/wgmma.cuh"
 
 #include <mutex>
 
@@ -28,6 +30,16 @@ struct AttnSmem {
   uint16_t k[KT][DP];
   uint16_t v[KT][DP];
 };
+// Q K^T on wgmma (the default): Q's two planes and the K tile K-major in the 128-byte swizzle, per
+// 64-wide d chunk (16-byte chunk c of row r at r * 128 + ((c ^ (r & 7)) << 4); 1024-byte aligned
+// regions); V as above, for ldmatrix.trans and mma.sync.
+struct AttnWgSmem {
+  uint8_t q[2][D / 64][QT * 128];
+  uint8_t k[D / 64][KT * 128];
+  uint16_t v[KT][DP];
+};
+constexpr int kWgSmemBytes = int(sizeof(AttnWgSmem)) + 1024;  // + the 1024-byte alignment slack
+__device__ __forceinline__ int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
 // One warp per row: q rows (T*H), then k rows (T*Hkv), then v rows (T*Hkv).
 __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a) {
@@ -107,10 +119,17 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a)
 
 // PS: P V with the probabilities as bf16 hi + lo; else P as one bf16 plane (the default: the
 // rounding every flash attention applies, ~2^-9 relative per weight, half the P V MMAs).
-template <bool PS>
+// WG: Q K^T as 32 wgmma m64n32k16 per key tile (the block's 4 warps are one warpgroup; the
+// default), else 128 mma.sync per warp with ldmatrix operands. The S accumulator has the same
+// per-thread layout either way (rows 16 warp + lane / 4 (+ 8), keys 8 n + 2 (lane % 4) (+ 1)).
+template <bool PS, bool WG>
 __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  AttnSmem& sm = *reinterpret_cast<AttnSmem*>(smem_raw);
+  uint8_t* base = smem_raw;
+  if constexpr (WG) base += (1024 - (pf::smem_u32(smem_raw) & 1023)) & 1023;
+  AttnSmem& sm = *reinterpret_cast<AttnSmem*>(base);
+  AttnWgSmem& sw = *reinterpret_cast<AttnWgSmem*>(base);
+  uint16_t(*const vt)[DP] = WG ? sw.v : sm.v;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int h = blockIdx.y, kvh = h / (a.heads / a.kv_heads);
   const int64_t q0 = int64_t(blockIdx.x) * QT;
@@ -126,9 +145,15 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
       v = reinterpret_cast<const uint4*>(a.qbuf + (t * a.heads + h) * D)[c8];
       vl = reinterpret_cast<const uint4*>(a.qbuf + (a.T + t) * a.heads * D + int64_t(h) * D)[c8];
     }
-    *reinterpret_cast<uint4*>(&sm.q[r][8 * c8]) = v;
-    *reinterpret_cast<uint4*>(&sm.ql[r][8 * c8]) = vl;
+    if constexpr (WG) {
+      *reinterpret_cast<uint4*>(&sw.q[0][c8 >> 3][sw128(r, c8 & 7)]) = v;
+      *reinterpret_cast<uint4*>(&sw.q[1][c8 >> 3][sw128(r, c8 & 7)]) = vl;
+    } else {
+      *reinterpret_cast<uint4*>(&sm.q[r][8 * c8]) = v;
+      *reinterpret_cast<uint4*>(&sm.ql[r][8 * c8]) = vl;
+    }
   }
+  if constexpr (WG) wg::fence_proxy_async();  // (published by the loop's first barrier)
 
   float o[32][4];
 #pragma unroll
@@ -143,20 +168,24 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
   // K and V tiles arrive by cp.async, each one step ahead of its use: K of the next tile is copied
   // while this tile's softmax and P V run, V of the next tile while the next Q K^T runs (one
   // buffer each; keys beyond the sequence zero-filled).
-  auto load_tile = [&](uint16_t (*dst)[DP], const uint16_t* cache, int64_t kv0) {
+  auto load_tile = [&](bool is_k, const uint16_t* cache, int64_t kv0) {
     for (int i = tid; i < KT * (D / 8); i += kThreads) {
       const int r = i / (D / 8), c8 = i % (D / 8);
       const int64_t kp = kv0 + r;
       const bool ok = kp < nkeys;
-      pf::cp_async16(&dst[r][8 * c8], cache + (ok ? kp : 0) * kstride + int64_t(kvh) * D + 8 * c8, ok);
+      void* dst = !is_k ? static_cast<void*>(&vt[r][8 * c8])
+                  : WG  ? static_cast<void*>(&sw.k[c8 >> 3][sw128(r, c8 & 7)])
+                        : static_cast<void*>(&sm.k[r][8 * c8]);
+      pf::cp_async16(dst, cache + (ok ? kp : 0) * kstride + int64_t(kvh) * D + 8 * c8, ok);
     }
     pf::cp_async_commit();
   };
-  load_tile(sm.k, a.kcache, 0);
-  load_tile(sm.v, a.vcache, 0);
+  load_tile(true, a.kcache, 0);
+  load_tile(false, a.vcache, 0);
   for (int64_t kv0 = 0; kv0 <= last_q; kv0 += KT) {
     const bool more = kv0 + KT <= last_q;
     pf::cp_async_wait<1>();  // this tile's K (its V may still be in flight)
+    if constexpr (WG) wg::fence_proxy_async();  // ... and is wgmma's to read
     __syncthreads();         // ... for every thread (and Q staged on the first pass)
     // S = Q K^T (16 x 32 per warp).
     float s[4][4];
@@ -164,23 +193,40 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
     for (int n = 0; n < 4; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+    if constexpr (WG) {
+      const uint32_t qb = pf::smem_u32(&sw.q[0][0][0]), kb = pf::smem_u32(&sw.k[0][0]);
+      wg::fence();
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      uint32_t af[4], afl[4];
-      pf::ldsm_x4(af, &sm.q[warp * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
-      pf::ldsm_x4(afl, &sm.ql[warp * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
+      for (int ck = 0; ck < D / 64; ++ck)
 #pragma unroll
-      for (int np = 0; np < 2; ++np) {
-        uint32_t r[4];
-        pf::ldsm_x4(r, &sm.k[np * 16 + (lane & 7) + (lane >> 4) * 8][ks * 16 + ((lane >> 3) & 1) * 8]);
-        pf::mma_bf16(s[2 * np], af, r[0], r[1]);
-        pf::mma_bf16(s[2 * np + 1], af, r[2], r[3]);
-        pf::mma_bf16(s[2 * np], afl, r[0], r[1]);
-        pf::mma_bf16(s[2 * np + 1], afl, r[2], r[3]);
+        for (int ks = 0; ks < 4; ++ks) {
+          const uint64_t db = wg::desc_sw128(kb + uint32_t(ck * KT * 128 + 32 * ks));
+          wg::mma_m64n32k16_bf16(s, wg::desc_sw128(qb + uint32_t(ck * QT * 128 + 32 * ks)), db, true);
+          wg::mma_m64n32k16_bf16(s, wg::desc_sw128(qb + uint32_t((D / 64 + ck) * QT * 128 + 32 * ks)), db,
+                                 true);
+        }
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_acc(s);
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t af[4], afl[4];
+        pf::ldsm_x4(af, &sm.q[warp * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
+        pf::ldsm_x4(afl, &sm.ql[warp * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t r[4];
+          pf::ldsm_x4(r, &sm.k[np * 16 + (lane & 7) + (lane >> 4) * 8][ks * 16 + ((lane >> 3) & 1) * 8]);
+          pf::mma_bf16(s[2 * np], af, r[0], r[1]);
+          pf::mma_bf16(s[2 * np + 1], af, r[2], r[3]);
+          pf::mma_bf16(s[2 * np], afl, r[0], r[1]);
+          pf::mma_bf16(s[2 * np + 1], afl, r[2], r[3]);
+        }
       }
     }
     __syncthreads();  // every warp is done with this K tile
-    if (more) load_tile(sm.k, a.kcache, kv0 + KT);
+    if (more) load_tile(true, a.kcache, kv0 + KT);
     // Online softmax (base 2), causal mask. With one P plane, a row half of the accumulator is
     // rescaled only when some row of the warp has a new maximum (corr != 1; o * 1 is o, so
     // skipping it changes nothing); the split route rescales always (the branch costs it 52 bytes
@@ -244,7 +290,7 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t r[4];
-        pf::ldsm_x4_t(r, &sm.v[kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][dp * 16 + (lane >> 4) * 8]);
+        pf::ldsm_x4_t(r, &vt[kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][dp * 16 + (lane >> 4) * 8]);
         pf::mma_bf16(o[2 * dp], af, r[0], r[1]);
         pf::mma_bf16(o[2 * dp + 1], af, r[2], r[3]);
         if constexpr (PS) {
@@ -254,7 +300,7 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
       }
     }
     __syncthreads();  // every warp is done with this V tile
-    if (more) load_tile(sm.v, a.vcache, kv0 + KT);
+    if (more) load_tile(false, a.vcache, kv0 + KT);
   }
   // Epilogue: 1/l, output gate.
 #pragma unroll
@@ -283,10 +329,14 @@ std::once_flag g_attn_once;
 
 void prefill_attn_init() {
   std::call_once(g_attn_once, [] {
-    KCUDA(cudaFuncSetAttribute(flash_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    KCUDA(cudaFuncSetAttribute(flash_kernel<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(sizeof(AttnSmem))));
-    KCUDA(cudaFuncSetAttribute(flash_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    KCUDA(cudaFuncSetAttribute(flash_kernel<false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(sizeof(AttnSmem))));
+    KCUDA(cudaFuncSetAttribute(flash_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               kWgSmemBytes));
+    KCUDA(cudaFuncSetAttribute(flash_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               kWgSmemBytes));
   });
 }
 
@@ -299,8 +349,14 @@ void prefill_attn_prep_launch(const PrefillAttnArgs& a, cudaStream_t s) {
 void prefill_attn_launch(const PrefillAttnArgs& a, cudaStream_t s) {
   prefill_attn_init();
   const dim3 grid(unsigned((a.T + QT - 1) / QT), unsigned(a.heads));
-  if (a.p_split) flash_kernel<true><<<grid, kThreads, sizeof(AttnSmem), s>>>(a);
-  else flash_kernel<false><<<grid, kThreads, sizeof(AttnSmem), s>>>(a);
+  const size_t sync_smem = sizeof(AttnSmem);
+  if (a.qk_wgmma) {
+    if (a.p_split) flash_kernel<true, true><<<grid, kThreads, kWgSmemBytes, s>>>(a);
+    else flash_kernel<false, true><<<grid, kThreads, kWgSmemBytes, s>>>(a);
+  } else {
+    if (a.p_split) flash_kernel<true, false><<<grid, kThreads, sync_smem, s>>>(a);
+    else flash_kernel<false, false><<<grid, kThreads, sync_smem, s>>>(a);
+  }
   KCUDA_LAUNCH("prefill_attn");
 }
 

@@ -175,6 +175,13 @@ bool prefill_attn_p_split() {
   return true;
 }
 
+bool prefill_attn_qk_wgmma() {
+  const char* e = std::getenv("KESTREL_ATTN_QK");
+  if (e == nullptr || *e == 0 || std::strcmp(e, "wgmma") == 0) return true;
+  KESTREL_CHECK(std::strcmp(e, "sync") == 0, "KESTREL_ATTN_QK={}: expected wgmma or sync", e);
+  return false;
+}
+
 PipeMma prefill_pipe_q4_mma() {
   const char* e = std::getenv("KESTREL_PIPE_MMA");
   if (e == nullptr || *e == 0 || std::strcmp(e, "wgmma") == 0) return PipeMma::Wgmma;
@@ -444,6 +451,7 @@ void PrefillStep::attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int
   a.out = buf_.attn;
   a.gated = true;
   a.p_split = prefill_attn_p_split();
+  a.qk_wgmma = prefill_attn_qk_wgmma();
   a.heads = c.num_attention_heads;
   a.kv_heads = c.num_kv_heads;
   a.head_dim = c.head_dim;

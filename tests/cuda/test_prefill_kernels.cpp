@@ -833,7 +833,7 @@ TEST(PrefillGdn, ChunkedMatchesRecurrence) {
 
 // ---------------------------------------------------------------------------------------------
 // Flash attention against cpu::attention over the same bf16 cache contents.
-void run_attn(int64_t T, int64_t pos0, uint32_t seed, bool p_split = true) {
+void run_attn(int64_t T, int64_t pos0, uint32_t seed, bool p_split = true, bool qk_wgmma = true) {
   std::mt19937 g(seed);
   const int H = 16, Hkv = 2, D = 256, rot = 64;
   const int64_t cap = pos0 + T + 5;
@@ -896,8 +896,10 @@ void run_attn(int64_t T, int64_t pos0, uint32_t seed, bool p_split = true) {
   a.head_dim = D;
   a.rotary_dim = rot;
   a.p_split = p_split;
+  a.qk_wgmma = qk_wgmma;
   prefill_attn(a, nullptr);
-  const std::string what = fmt::format("prefill_attn T={} pos0={} p_split={}", T, pos0, p_split);
+  const std::string what =
+      fmt::format("prefill_attn T={} pos0={} p_split={} qk_wgmma={}", T, pos0, p_split, qk_wgmma);
   EXPECT_LT(rel_err(to_host<float>(*dout, want.size()), want, what.c_str()), 1e-2) << what;
   // The cache: rows before pos0 untouched, new rows = normed/roped k and raw v (bf16; at most one
   // rounding step apart where fp32 summation order differs), rows after untouched.
@@ -912,37 +914,52 @@ void run_attn(int64_t T, int64_t pos0, uint32_t seed, bool p_split = true) {
   EXPECT_EQ(bad, 0) << what << ": KV cache rows differ";
 }
 
+// Q K^T on wgmma (the default) and on mma.sync, P split.
 TEST(PrefillAttn, FlashMatchesCpu) {
   REQUIRE_GPU();
-  uint32_t seed = 600;
-  for (int64_t T : {1, 7, 63, 64, 65, 1000}) run_attn(T, 0, seed++);
-  run_attn(65, 1000, seed++);  // continuing after a cached prefix (chunked prefill)
-  run_attn(1, 37, seed++);
+  for (bool wg : {true, false}) {
+    uint32_t seed = 600;
+    for (int64_t T : {1, 7, 63, 64, 65, 1000}) run_attn(T, 0, seed++, true, wg);
+    run_attn(65, 1000, seed++, true, wg);  // continuing after a cached prefix (chunked prefill)
+    run_attn(1, 37, seed++, true, wg);
+  }
 }
 
-// P as one bf16 plane (the default, KESTREL_ATTN_P=bf16): same bound; and the switch's parsing
-// (FlashMatchesCpu above runs P split, KESTREL_ATTN_P=split).
+// P as one bf16 plane (the default, KESTREL_ATTN_P=bf16): same bound, both Q K^T kernels; and the
+// switches' parsing (FlashMatchesCpu above runs P split, KESTREL_ATTN_P=split).
 TEST(PrefillAttn, FlashBf16PMatchesCpu) {
   REQUIRE_GPU();
-  uint32_t seed = 650;
-  for (int64_t T : {1, 64, 65, 1000}) run_attn(T, 0, seed++, false);
-  run_attn(65, 1000, seed++, false);
+  for (bool wg : {true, false}) {
+    uint32_t seed = 650;
+    for (int64_t T : {1, 64, 65, 1000}) run_attn(T, 0, seed++, false, wg);
+    run_attn(65, 1000, seed++, false, wg);
+  }
   struct Env {
-    explicit Env(const char* v) { setenv("KESTREL_ATTN_P", v, 1); }
-    ~Env() { unsetenv("KESTREL_ATTN_P"); }
+    const char* name;
+    Env(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+    ~Env() { unsetenv(name); }
   };
   EXPECT_FALSE(prefill_attn_p_split());
+  EXPECT_TRUE(prefill_attn_qk_wgmma());
   {
-    const Env e("split");
+    const Env e("KESTREL_ATTN_P", "split");
     EXPECT_TRUE(prefill_attn_p_split());
   }
   {
-    const Env e("bf16");
+    const Env e("KESTREL_ATTN_P", "bf16");
     EXPECT_FALSE(prefill_attn_p_split());
   }
   {
-    const Env e("bogus");
+    const Env e("KESTREL_ATTN_P", "bogus");
     EXPECT_THROW(prefill_attn_p_split(), Error);
+  }
+  {
+    const Env e("KESTREL_ATTN_QK", "sync");
+    EXPECT_FALSE(prefill_attn_qk_wgmma());
+  }
+  {
+    const Env e("KESTREL_ATTN_QK", "bogus");
+    EXPECT_THROW(prefill_attn_qk_wgmma(), Error);
   }
 }
 
