@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <cstdio>
 
@@ -160,56 +161,46 @@ const char* prefill_gemm_choice_name(PrefillGemmChoice c) {
   return c == PrefillGemmChoice::Reg ? "reg" : c == PrefillGemmChoice::Pipe ? "pipe" : "auto";
 }
 
+namespace {
+// The index of environment variable var's value in names (0, the default, when unset or empty);
+// any other value is an error that lists the choices.
+int env_choice(const char* var, std::initializer_list<const char*> names) {
+  const char* e = std::getenv(var);
+  if (e == nullptr || *e == 0) return 0;
+  int i = 0;
+  std::string list;
+  for (const char* n : names) {
+    if (std::strcmp(e, n) == 0) return i;
+    list += (i++ > 0 ? ", " : "") + std::string(n);
+  }
+  KESTREL_CHECK(false, "{}={}: expected one of {}", var, e, list);
+  return 0;
+}
+}  // namespace
+
 PrefillGemmChoice prefill_gemm_choice_from_env() {
-  const char* e = std::getenv("KESTREL_PREFILL_GEMM");
-  if (e == nullptr || *e == 0 || std::strcmp(e, "auto") == 0) return PrefillGemmChoice::Auto;
-  if (std::strcmp(e, "reg") == 0) return PrefillGemmChoice::Reg;
-  KESTREL_CHECK(std::strcmp(e, "pipe") == 0, "KESTREL_PREFILL_GEMM={}: expected auto, reg or pipe", e);
-  return PrefillGemmChoice::Pipe;
+  constexpr PrefillGemmChoice c[] = {PrefillGemmChoice::Auto, PrefillGemmChoice::Reg, PrefillGemmChoice::Pipe};
+  return c[env_choice("KESTREL_PREFILL_GEMM", {"auto", "reg", "pipe"})];
 }
 
-bool prefill_attn_p_split() {
-  const char* e = std::getenv("KESTREL_ATTN_P");
-  if (e == nullptr || *e == 0 || std::strcmp(e, "bf16") == 0) return false;
-  KESTREL_CHECK(std::strcmp(e, "split") == 0, "KESTREL_ATTN_P={}: expected bf16 or split", e);
-  return true;
-}
+bool prefill_attn_p_split() { return env_choice("KESTREL_ATTN_P", {"bf16", "split"}) == 1; }
 
-bool prefill_attn_qk_wgmma() {
-  const char* e = std::getenv("KESTREL_ATTN_QK");
-  if (e == nullptr || *e == 0 || std::strcmp(e, "wgmma") == 0) return true;
-  KESTREL_CHECK(std::strcmp(e, "sync") == 0, "KESTREL_ATTN_QK={}: expected wgmma or sync", e);
-  return false;
-}
+bool prefill_attn_qk_wgmma() { return env_choice("KESTREL_ATTN_QK", {"wgmma", "sync"}) == 0; }
 
 PipeMma prefill_pipe_q4_mma() {
-  const char* e = std::getenv("KESTREL_PIPE_MMA");
-  if (e == nullptr || *e == 0 || std::strcmp(e, "wgmma") == 0) return PipeMma::Wgmma;
-  if (std::strcmp(e, "ws") == 0) return PipeMma::Ws;
-  if (std::strcmp(e, "rs") == 0) return PipeMma::Rs;
-  KESTREL_CHECK(std::strcmp(e, "sync") == 0, "KESTREL_PIPE_MMA={}: expected wgmma, ws, rs or sync", e);
-  return PipeMma::Sync;
+  constexpr PipeMma m[] = {PipeMma::Wgmma, PipeMma::Ws, PipeMma::Rs, PipeMma::Sync};
+  return m[env_choice("KESTREL_PIPE_MMA", {"wgmma", "ws", "rs", "sync"})];
 }
 
-bool prefill_pipe_rs_tail() {
-  const char* e = std::getenv("KESTREL_PIPE_RS_TAIL");
-  if (e == nullptr || *e == 0 || std::strcmp(e, "0") == 0) return false;
-  KESTREL_CHECK(std::strcmp(e, "1") == 0, "KESTREL_PIPE_RS_TAIL={}: expected 0 or 1", e);
-  return true;
-}
+bool prefill_pipe_rs_tail() { return env_choice("KESTREL_PIPE_RS_TAIL", {"0", "1"}) == 1; }
 
 PipeWsGrid prefill_pipe_ws_grid() {
-  const char* e = std::getenv("KESTREL_PIPE_WS_GRID");
-  if (e == nullptr || *e == 0 || std::strcmp(e, "persistent") == 0) return PipeWsGrid::Persistent;
-  KESTREL_CHECK(std::strcmp(e, "tiles") == 0, "KESTREL_PIPE_WS_GRID={}: expected persistent or tiles", e);
-  return PipeWsGrid::Tiles;
+  return env_choice("KESTREL_PIPE_WS_GRID", {"persistent", "tiles"}) == 0 ? PipeWsGrid::Persistent
+                                                                         : PipeWsGrid::Tiles;
 }
 
 PrefillAPrec prefill_aprec_from_env() {
-  const char* e = std::getenv("KESTREL_PREFILL_APREC");
-  if (e == nullptr || *e == 0 || std::strcmp(e, "split") == 0) return PrefillAPrec::Split;
-  KESTREL_CHECK(std::strcmp(e, "f16") == 0, "KESTREL_PREFILL_APREC={}: expected split or f16", e);
-  return PrefillAPrec::F16;
+  return env_choice("KESTREL_PREFILL_APREC", {"split", "f16"}) == 0 ? PrefillAPrec::Split : PrefillAPrec::F16;
 }
 
 void PrefillStep::set_aprec(PrefillAPrec p, float f16_limit) {
