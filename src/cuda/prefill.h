@@ -295,7 +295,8 @@ struct PrefillAttnArgs {
   float* out = nullptr;         // fp32 [T, heads*D]
   bool gated = true;
   bool p_split = false;         // P V with P as bf16 hi + lo; false: P one bf16 plane (default)
-  bool qk_wgmma = true;         // Q K^T on wgmma (default); false: mma.sync
+  bool qk_wgmma = true;         // Q K^T on wgmma (default); false: mma.sync (and P V too)
+  bool pv_wgmma = true;         // P V on wgmma (default, with qk_wgmma); false: mma.sync
   int heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;
 };
 // KESTREL_ATTN_P = bf16 (default) | split: the prompt step's p_split. bf16 P: ~2^-9 relative per
@@ -304,6 +305,8 @@ struct PrefillAttnArgs {
 bool prefill_attn_p_split();
 // KESTREL_ATTN_QK = wgmma (default) | sync: the prompt step's qk_wgmma.
 bool prefill_attn_qk_wgmma();
+// KESTREL_ATTN_PV = wgmma (default) | sync: the prompt step's pv_wgmma.
+bool prefill_attn_pv_wgmma();
 void prefill_attn_init();
 void prefill_attn_prep_launch(const PrefillAttnArgs& a, cudaStream_t s);
 void prefill_attn_launch(const PrefillAttnArgs& a, cudaStream_t s);

@@ -8,7 +8,7 @@
 // sigmoid output gate.
 //
 // Block = 64 query rows of one head (4 warps x 16 rows, one warpgroup); key tiles of 32 staged in
-// shared memory. Q K^T on wgmma by default (qk_wgmma), P V on mma.sync.
+// shared memory. Q K^T and P V on wgmma by default (qk_wgmma, pv_wgmma), else on mma.sync.
 #include "cuda/common.cuh"
 #include "cuda/prefill.h"
 #include "cuda/prefill_mma.h"
@@ -36,7 +36,10 @@ struct AttnSmem {
 struct AttnWgSmem {
   uint8_t q[2][D / 64][QT * 128];
   uint8_t k[D / 64][KT * 128];
-  uint16_t v[KT][DP];
+  union {
+    uint8_t sw[D / 64][KT * 128];  // P V on wgmma: MN-major in the 128-byte swizzle, per d chunk
+    uint16_t pad[KT][DP];          // P V on mma.sync: padded rows for ldmatrix.trans
+  } v;
 };
 constexpr int kWgSmemBytes = int(sizeof(AttnWgSmem)) + 1024;  // + the 1024-byte alignment slack
 __device__ __forceinline__ int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
@@ -122,14 +125,17 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a)
 // WG: Q K^T as 32 wgmma m64n32k16 per key tile (the block's 4 warps are one warpgroup; the
 // default), else 128 mma.sync per warp with ldmatrix operands. The S accumulator has the same
 // per-thread layout either way (rows 16 warp + lane / 4 (+ 8), keys 8 n + 2 (lane % 4) (+ 1)).
-template <bool PS, bool WG>
+// PVW (needs WG): P V as 8 wgmma m64n64k16 per key tile, P from registers (the S accumulator's
+// layout is the A fragment's), V MN-major from shared memory; else mma.sync with ldmatrix.trans.
+template <bool PS, bool WG, bool PVW>
 __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a) {
+  static_assert(WG || !PVW, "P V on wgmma uses the wgmma layout of shared memory");
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* base = smem_raw;
   if constexpr (WG) base += (1024 - (pf::smem_u32(smem_raw) & 1023)) & 1023;
   AttnSmem& sm = *reinterpret_cast<AttnSmem*>(base);
   AttnWgSmem& sw = *reinterpret_cast<AttnWgSmem*>(base);
-  uint16_t(*const vt)[DP] = WG ? sw.v : sm.v;
+  uint16_t(*const vt)[DP] = WG ? sw.v.pad : sm.v;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int h = blockIdx.y, kvh = h / (a.heads / a.kv_heads);
   const int64_t q0 = int64_t(blockIdx.x) * QT;
@@ -173,7 +179,8 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
       const int r = i / (D / 8), c8 = i % (D / 8);
       const int64_t kp = kv0 + r;
       const bool ok = kp < nkeys;
-      void* dst = !is_k ? static_cast<void*>(&vt[r][8 * c8])
+      void* dst = !is_k ? (PVW ? static_cast<void*>(&sw.v.sw[c8 >> 3][sw128(r, c8 & 7)])
+                               : static_cast<void*>(&vt[r][8 * c8]))
                   : WG  ? static_cast<void*>(&sw.k[c8 >> 3][sw128(r, c8 & 7)])
                         : static_cast<void*>(&sm.k[r][8 * c8]);
       pf::cp_async16(dst, cache + (ok ? kp : 0) * kstride + int64_t(kvh) * D + 8 * c8, ok);
@@ -273,31 +280,61 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
     // O += P V (this tile's V landed: at most the next K is still in flight).
     if (more) pf::cp_async_wait<1>();
     else pf::cp_async_wait<0>();
+    if constexpr (PVW) wg::fence_proxy_async();  // this thread's V copies are wgmma's to read
     __syncthreads();
+    uint32_t af[KT / 16][4], afl[KT / 16][4];
 #pragma unroll
     for (int kk = 0; kk < KT / 16; ++kk) {
-      uint32_t af[4], afl[4];
-      af[0] = pf::pack_bf16(p[2 * kk][0], p[2 * kk][1]);
-      af[1] = pf::pack_bf16(p[2 * kk][2], p[2 * kk][3]);
-      af[2] = pf::pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
-      af[3] = pf::pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+      af[kk][0] = pf::pack_bf16(p[2 * kk][0], p[2 * kk][1]);
+      af[kk][1] = pf::pack_bf16(p[2 * kk][2], p[2 * kk][3]);
+      af[kk][2] = pf::pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+      af[kk][3] = pf::pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3]);
       if constexpr (PS) {
-        afl[0] = pf::pack_bf16(p[2 * kk][0] - pf::bf16_lo(af[0]), p[2 * kk][1] - pf::bf16_hi(af[0]));
-        afl[1] = pf::pack_bf16(p[2 * kk][2] - pf::bf16_lo(af[1]), p[2 * kk][3] - pf::bf16_hi(af[1]));
-        afl[2] = pf::pack_bf16(p[2 * kk + 1][0] - pf::bf16_lo(af[2]), p[2 * kk + 1][1] - pf::bf16_hi(af[2]));
-        afl[3] = pf::pack_bf16(p[2 * kk + 1][2] - pf::bf16_lo(af[3]), p[2 * kk + 1][3] - pf::bf16_hi(af[3]));
+        afl[kk][0] = pf::pack_bf16(p[2 * kk][0] - pf::bf16_lo(af[kk][0]), p[2 * kk][1] - pf::bf16_hi(af[kk][0]));
+        afl[kk][1] = pf::pack_bf16(p[2 * kk][2] - pf::bf16_lo(af[kk][1]), p[2 * kk][3] - pf::bf16_hi(af[kk][1]));
+        afl[kk][2] =
+            pf::pack_bf16(p[2 * kk + 1][0] - pf::bf16_lo(af[kk][2]), p[2 * kk + 1][1] - pf::bf16_hi(af[kk][2]));
+        afl[kk][3] =
+            pf::pack_bf16(p[2 * kk + 1][2] - pf::bf16_lo(af[kk][3]), p[2 * kk + 1][3] - pf::bf16_hi(af[kk][3]));
       }
+    }
+    if constexpr (PVW) {
+      const uint32_t vb = pf::smem_u32(&sw.v.sw[0][0]);
+      wg::fence();  // (o was rescaled by ordinary code)
 #pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t r[4];
-        pf::ldsm_x4_t(r, &vt[kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][dp * 16 + (lane >> 4) * 8]);
-        pf::mma_bf16(o[2 * dp], af, r[0], r[1]);
-        pf::mma_bf16(o[2 * dp + 1], af, r[2], r[3]);
-        if constexpr (PS) {
-          pf::mma_bf16(o[2 * dp], afl, r[0], r[1]);
-          pf::mma_bf16(o[2 * dp + 1], afl, r[2], r[3]);
+      for (int kk = 0; kk < KT / 16; ++kk)
+#pragma unroll
+        for (int dc = 0; dc < D / 64; ++dc) {
+          const uint64_t db = wg::desc_sw128(vb + uint32_t(dc * KT * 128 + kk * 16 * 128));
+          auto& od = reinterpret_cast<float(&)[8][4]>(o[8 * dc]);
+          wg::mma_m64n64k16_bf16_mnb_rs(od, af[kk], db);
+          if constexpr (PS) wg::mma_m64n64k16_bf16_mnb_rs(od, afl[kk], db);
         }
-      }
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_acc(o);
+      // The P fragments are read by the wgmma until the wait: no write to them before it.
+#pragma unroll
+      for (int kk = 0; kk < KT / 16; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          asm volatile("" : "+r"(af[kk][i]));
+          if constexpr (PS) asm volatile("" : "+r"(afl[kk][i]));
+        }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < KT / 16; ++kk)
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t r[4];
+          pf::ldsm_x4_t(r, &vt[kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8][dp * 16 + (lane >> 4) * 8]);
+          pf::mma_bf16(o[2 * dp], af[kk], r[0], r[1]);
+          pf::mma_bf16(o[2 * dp + 1], af[kk], r[2], r[3]);
+          if constexpr (PS) {
+            pf::mma_bf16(o[2 * dp], afl[kk], r[0], r[1]);
+            pf::mma_bf16(o[2 * dp + 1], afl[kk], r[2], r[3]);
+          }
+        }
     }
     __syncthreads();  // every warp is done with this V tile
     if (more) load_tile(false, a.vcache, kv0 + KT);
@@ -327,16 +364,20 @@ std::once_flag g_attn_once;
 
 }  // namespace
 
+template <bool PS, bool WG, bool PVW>
+void flash_init_one() {
+  KCUDA(cudaFuncSetAttribute(flash_kernel<PS, WG, PVW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             WG ? kWgSmemBytes : int(sizeof(AttnSmem))));
+}
+
 void prefill_attn_init() {
   std::call_once(g_attn_once, [] {
-    KCUDA(cudaFuncSetAttribute(flash_kernel<true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(sizeof(AttnSmem))));
-    KCUDA(cudaFuncSetAttribute(flash_kernel<false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(sizeof(AttnSmem))));
-    KCUDA(cudaFuncSetAttribute(flash_kernel<true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               kWgSmemBytes));
-    KCUDA(cudaFuncSetAttribute(flash_kernel<false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               kWgSmemBytes));
+    flash_init_one<true, false, false>();
+    flash_init_one<false, false, false>();
+    flash_init_one<true, true, false>();
+    flash_init_one<false, true, false>();
+    flash_init_one<true, true, true>();
+    flash_init_one<false, true, true>();
   });
 }
 
@@ -349,13 +390,17 @@ void prefill_attn_prep_launch(const PrefillAttnArgs& a, cudaStream_t s) {
 void prefill_attn_launch(const PrefillAttnArgs& a, cudaStream_t s) {
   prefill_attn_init();
   const dim3 grid(unsigned((a.T + QT - 1) / QT), unsigned(a.heads));
-  const size_t sync_smem = sizeof(AttnSmem);
-  if (a.qk_wgmma) {
-    if (a.p_split) flash_kernel<true, true><<<grid, kThreads, kWgSmemBytes, s>>>(a);
-    else flash_kernel<false, true><<<grid, kThreads, kWgSmemBytes, s>>>(a);
+  const size_t wg = kWgSmemBytes, sync = sizeof(AttnSmem);
+  // (qk_wgmma = false runs P V on mma.sync too: the wgmma P V needs the wgmma layout.)
+  if (a.qk_wgmma && a.pv_wgmma) {
+    if (a.p_split) flash_kernel<true, true, true><<<grid, kThreads, wg, s>>>(a);
+    else flash_kernel<false, true, true><<<grid, kThreads, wg, s>>>(a);
+  } else if (a.qk_wgmma) {
+    if (a.p_split) flash_kernel<true, true, false><<<grid, kThreads, wg, s>>>(a);
+    else flash_kernel<false, true, false><<<grid, kThreads, wg, s>>>(a);
   } else {
-    if (a.p_split) flash_kernel<true, false><<<grid, kThreads, sync_smem, s>>>(a);
-    else flash_kernel<false, false><<<grid, kThreads, sync_smem, s>>>(a);
+    if (a.p_split) flash_kernel<true, false, false><<<grid, kThreads, sync, s>>>(a);
+    else flash_kernel<false, false, false><<<grid, kThreads, sync, s>>>(a);
   }
   KCUDA_LAUNCH("prefill_attn");
 }

@@ -187,6 +187,8 @@ bool prefill_attn_p_split() { return env_choice("KESTREL_ATTN_P", {"bf16", "spli
 
 bool prefill_attn_qk_wgmma() { return env_choice("KESTREL_ATTN_QK", {"wgmma", "sync"}) == 0; }
 
+bool prefill_attn_pv_wgmma() { return env_choice("KESTREL_ATTN_PV", {"wgmma", "sync"}) == 0; }
+
 PipeMma prefill_pipe_q4_mma() {
   constexpr PipeMma m[] = {PipeMma::Wgmma, PipeMma::Ws, PipeMma::Rs, PipeMma::Sync};
   return m[env_choice("KESTREL_PIPE_MMA", {"wgmma", "ws", "rs", "sync"})];
@@ -443,6 +445,7 @@ void PrefillStep::attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int
   a.gated = true;
   a.p_split = prefill_attn_p_split();
   a.qk_wgmma = prefill_attn_qk_wgmma();
+  a.pv_wgmma = prefill_attn_pv_wgmma();
   a.heads = c.num_attention_heads;
   a.kv_heads = c.num_kv_heads;
   a.head_dim = c.head_dim;

@@ -833,7 +833,8 @@ TEST(PrefillGdn, ChunkedMatchesRecurrence) {
 
 // ---------------------------------------------------------------------------------------------
 // Flash attention against cpu::attention over the same bf16 cache contents.
-void run_attn(int64_t T, int64_t pos0, uint32_t seed, bool p_split = true, bool qk_wgmma = true) {
+// route: 0 = Q K^T and P V on wgmma (the default), 1 = Q K^T only, 2 = both on mma.sync.
+void run_attn(int64_t T, int64_t pos0, uint32_t seed, bool p_split = true, int route = 0) {
   std::mt19937 g(seed);
   const int H = 16, Hkv = 2, D = 256, rot = 64;
   const int64_t cap = pos0 + T + 5;
@@ -896,10 +897,10 @@ void run_attn(int64_t T, int64_t pos0, uint32_t seed, bool p_split = true, bool 
   a.head_dim = D;
   a.rotary_dim = rot;
   a.p_split = p_split;
-  a.qk_wgmma = qk_wgmma;
+  a.qk_wgmma = route < 2;
+  a.pv_wgmma = route == 0;
   prefill_attn(a, nullptr);
-  const std::string what =
-      fmt::format("prefill_attn T={} pos0={} p_split={} qk_wgmma={}", T, pos0, p_split, qk_wgmma);
+  const std::string what = fmt::format("prefill_attn T={} pos0={} p_split={} route={}", T, pos0, p_split, route);
   EXPECT_LT(rel_err(to_host<float>(*dout, want.size()), want, what.c_str()), 1e-2) << what;
   // The cache: rows before pos0 untouched, new rows = normed/roped k and raw v (bf16; at most one
   // rounding step apart where fp32 summation order differs), rows after untouched.
@@ -914,10 +915,10 @@ void run_attn(int64_t T, int64_t pos0, uint32_t seed, bool p_split = true, bool 
   EXPECT_EQ(bad, 0) << what << ": KV cache rows differ";
 }
 
-// Q K^T on wgmma (the default) and on mma.sync, P split.
+// Q K^T and P V on wgmma (the default), Q K^T only, and both on mma.sync; P split.
 TEST(PrefillAttn, FlashMatchesCpu) {
   REQUIRE_GPU();
-  for (bool wg : {true, false}) {
+  for (int wg : {0, 1, 2}) {
     uint32_t seed = 600;
     for (int64_t T : {1, 7, 63, 64, 65, 1000}) run_attn(T, 0, seed++, true, wg);
     run_attn(65, 1000, seed++, true, wg);  // continuing after a cached prefix (chunked prefill)
@@ -925,11 +926,11 @@ TEST(PrefillAttn, FlashMatchesCpu) {
   }
 }
 
-// P as one bf16 plane (the default, KESTREL_ATTN_P=bf16): same bound, both Q K^T kernels; and the
+// P as one bf16 plane (the default, KESTREL_ATTN_P=bf16): same bound, the three kernel routes; and the
 // switches' parsing (FlashMatchesCpu above runs P split, KESTREL_ATTN_P=split).
 TEST(PrefillAttn, FlashBf16PMatchesCpu) {
   REQUIRE_GPU();
-  for (bool wg : {true, false}) {
+  for (int wg : {0, 1, 2}) {
     uint32_t seed = 650;
     for (int64_t T : {1, 64, 65, 1000}) run_attn(T, 0, seed++, false, wg);
     run_attn(65, 1000, seed++, false, wg);
@@ -941,6 +942,11 @@ TEST(PrefillAttn, FlashBf16PMatchesCpu) {
   };
   EXPECT_FALSE(prefill_attn_p_split());
   EXPECT_TRUE(prefill_attn_qk_wgmma());
+  EXPECT_TRUE(prefill_attn_pv_wgmma());
+  {
+    const Env e("KESTREL_ATTN_PV", "sync");
+    EXPECT_FALSE(prefill_attn_pv_wgmma());
+  }
   {
     const Env e("KESTREL_ATTN_P", "split");
     EXPECT_TRUE(prefill_attn_p_split());
