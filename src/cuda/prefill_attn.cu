@@ -307,8 +307,8 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
         for (int dc = 0; dc < D / 64; ++dc) {
           const uint64_t db = wg::desc_sw128(vb + uint32_t(dc * KT * 128 + kk * 16 * 128));
           auto& od = reinterpret_cast<float(&)[8][4]>(o[8 * dc]);
-          wg::mma_m64n64k16_bf16_mnb_rs(od, af[kk], db);
-          if constexpr (PS) wg::mma_m64n64k16_bf16_mnb_rs(od, afl[kk], db);
+          wg::mma_m64n64k16_bf16_rs<1>(od, af[kk], db, true);
+          if constexpr (PS) wg::mma_m64n64k16_bf16_rs<1>(od, afl[kk], db, true);
         }
       wg::commit();
       wg::wait<0>();

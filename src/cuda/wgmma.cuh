@@ -83,7 +83,11 @@ __device__ __forceinline__ void mma_m64n128k16_bf16_rs(float (&d)[16][4], const 
 }
 
 // The RS step with 64 columns (B [64, 16]): d[j][e] as above for j < 8 (the tail tiles of the
-// transposed kernel).
+// transposed kernel). TRANS_B = 1 (imm-trans-b): B MN-major, 16 rows of k each holding 64 n
+// contiguous (128 bytes) in the 128-byte swizzle, 8-row groups 1024 bytes apart (PTX ISA canonical
+// layout ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)) with one 64-wide atom along n, so desc_sw128's SBO
+// applies): the prompt attention's P V over one 64-wide chunk of the head dimension.
+template <int TRANS_B = 0>
 __device__ __forceinline__ void mma_m64n64k16_bf16_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db,
                                                       bool accumulate) {
   asm volatile(
@@ -92,36 +96,14 @@ __device__ __forceinline__ void mma_m64n64k16_bf16_rs(float (&d)[8][4], const ui
       "setp.ne.b32 p, %37, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n"
       "}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
         "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
         "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
         "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
         "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(int(accumulate)));
-}
-
-// d += A B, 64 x 64 x 16, A from registers (as mma_m64n128k16_bf16_rs), B MN-major (imm-trans-b
-// 1): 16 rows of k, each 64 n contiguous (128 bytes) in the 128-byte swizzle, 8-row groups 1024
-// bytes apart (PTX ISA canonical layout ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)) with one 64-wide
-// atom along n, so desc_sw128's SBO of 1024 applies). The prompt attention's P V of one 64-wide
-// chunk of the head dimension.
-__device__ __forceinline__ void mma_m64n64k16_bf16_mnb_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, 1, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
-      "}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
-        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
-        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(int(accumulate)), "n"(TRANS_B));
 }
 
 // d (+)= A B for a 64 x 32 x 16 step, both operands K-major in shared memory (the prompt
