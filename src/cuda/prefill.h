@@ -299,7 +299,7 @@ struct PrefillAttnArgs {
   bool pv_wgmma = true;         // P V on wgmma (default, with qk_wgmma); false: mma.sync
   int heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;
 };
-// KESTREL_ATTN_P = bf16 (default) | split: the prompt step's p_split. bf16 P: ~2^-9 relative per
+// KESTREL_ATTN_P = bf16 (default) | split: the prompt step's p_split (read when it is built). bf16 P: ~2^-9 relative per
 // attention weight, the same end-to-end logits error as split in every e2e test (bench/PREFILL_NOTES.md
 // v10), +7.5 % at 128K.
 bool prefill_attn_p_split();

@@ -2,10 +2,10 @@
 // fp32 accumulate, online softmax in fp32). q and the probabilities are fp32 numbers split into
 // bf16 hi + lo parts, both multiplied (K and V are exact: the bf16 cache), so the result matches
 // the fp32 oracle reading the same bf16 cache. By default (p_split = false) P is one bf16 plane,
-// as in every flash attention (half the P V MMAs); p_split = true multiplies its lo part too. Prep kernel: q/k RMSNorm + NeoX partial RoPE, q's
-// two parts to a bf16 buffer, k and v
-// appended to the bf16 KV cache in the decode layout [capacity, kv_heads, D]. Epilogue: 1/l and the
-// sigmoid output gate.
+// as in every flash attention (half the P V MMAs); p_split = true multiplies its lo part too.
+// Prep kernel: q/k RMSNorm + NeoX partial RoPE, q's two parts to a bf16 buffer, k and v appended
+// to the bf16 KV cache in the decode layout [capacity, kv_heads, D]. Epilogue: 1/l and the sigmoid
+// output gate.
 //
 // Block = 64 query rows of one head (4 warps x 16 rows, one warpgroup); key tiles of 32 staged in
 // shared memory. Q K^T and P V on wgmma by default (qk_wgmma, pv_wgmma), else on mma.sync.
@@ -30,9 +30,9 @@ struct AttnSmem {
   uint16_t k[KT][DP];
   uint16_t v[KT][DP];
 };
-// Q K^T on wgmma (the default): Q's two planes and the K tile K-major in the 128-byte swizzle, per
-// 64-wide d chunk (16-byte chunk c of row r at r * 128 + ((c ^ (r & 7)) << 4); 1024-byte aligned
-// regions); V as above, for ldmatrix.trans and mma.sync.
+// The wgmma kernels (the default): Q's two planes and the K tile K-major in the 128-byte swizzle,
+// per 64-wide d chunk (wg::sw128_off; 1024-byte aligned regions); V in the same swizzle (read
+// MN-major by the P V wgmma) or padded as above (P V on mma.sync).
 struct AttnWgSmem {
   uint8_t q[2][D / 64][QT * 128];
   uint8_t k[D / 64][KT * 128];
@@ -42,7 +42,7 @@ struct AttnWgSmem {
   } v;
 };
 constexpr int kWgSmemBytes = int(sizeof(AttnWgSmem)) + 1024;  // + the 1024-byte alignment slack
-__device__ __forceinline__ int sw128(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+using wg::sw128_off;
 
 // One warp per row: q rows (T*H), then k rows (T*Hkv), then v rows (T*Hkv).
 __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a) {
@@ -152,8 +152,8 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
       vl = reinterpret_cast<const uint4*>(a.qbuf + (a.T + t) * a.heads * D + int64_t(h) * D)[c8];
     }
     if constexpr (WG) {
-      *reinterpret_cast<uint4*>(&sw.q[0][c8 >> 3][sw128(r, c8 & 7)]) = v;
-      *reinterpret_cast<uint4*>(&sw.q[1][c8 >> 3][sw128(r, c8 & 7)]) = vl;
+      *reinterpret_cast<uint4*>(&sw.q[0][c8 >> 3][sw128_off(r, c8 & 7)]) = v;
+      *reinterpret_cast<uint4*>(&sw.q[1][c8 >> 3][sw128_off(r, c8 & 7)]) = vl;
     } else {
       *reinterpret_cast<uint4*>(&sm.q[r][8 * c8]) = v;
       *reinterpret_cast<uint4*>(&sm.ql[r][8 * c8]) = vl;
@@ -179,9 +179,9 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
       const int r = i / (D / 8), c8 = i % (D / 8);
       const int64_t kp = kv0 + r;
       const bool ok = kp < nkeys;
-      void* dst = !is_k ? (PVW ? static_cast<void*>(&sw.v.sw[c8 >> 3][sw128(r, c8 & 7)])
+      void* dst = !is_k ? (PVW ? static_cast<void*>(&sw.v.sw[c8 >> 3][sw128_off(r, c8 & 7)])
                                : static_cast<void*>(&vt[r][8 * c8]))
-                  : WG  ? static_cast<void*>(&sw.k[c8 >> 3][sw128(r, c8 & 7)])
+                  : WG  ? static_cast<void*>(&sw.k[c8 >> 3][sw128_off(r, c8 & 7)])
                         : static_cast<void*>(&sm.k[r][8 * c8]);
       pf::cp_async16(dst, cache + (ok ? kp : 0) * kstride + int64_t(kvh) * D + 8 * c8, ok);
     }

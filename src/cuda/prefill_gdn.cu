@@ -1,6 +1,6 @@
 // Gated DeltaNet prefill: causal conv1d + SiLU over T tokens (conv window carried in the decode
 // layout), then the chunked (WY) delta rule, chunk 64, fp32 state carried between chunks in the
-// decode layout [Hv, dv, dk]. fp32 throughout (the reference's precision for the delta rule), the
+// decode layout [Hv, dv, dk]. fp32 numbers (the reference's precision for the delta rule): the
 // scan's products in 3xTF32 on the tensor cores (fp32 accumulation, ~2^-21 per product).
 //
 // Two kernels. Per chunk c (64 positions i, j; G = in-chunk cumsum of g):

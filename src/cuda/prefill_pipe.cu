@@ -57,7 +57,7 @@ struct PipeLayout {
 };
 
 // Byte offset of 16-byte chunk c of row r (XOR swizzles: conflict-free ldmatrix / 16-byte reads).
-__device__ __forceinline__ int a_off(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
+__device__ __forceinline__ int a_off(int r, int c) { return wg::sw128_off(r, c); }
 __device__ __forceinline__ int wq_off(int r, int c) { return r * 32 + ((c ^ ((r >> 2) & 1)) << 4); }
 __device__ __forceinline__ int wb_off(int r, int c) {
   return r * 128 + ((c ^ (((r & 1) << 2) | ((r >> 1) & 3))) << 4);

@@ -150,6 +150,9 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
                 arena_.bytes());
   set_aprec(prefill_aprec_from_env());
   gemm_choice_ = prefill_gemm_choice_from_env();
+  attn_p_split_ = prefill_attn_p_split();
+  attn_qk_wgmma_ = prefill_attn_qk_wgmma();
+  attn_pv_wgmma_ = prefill_attn_pv_wgmma();
   // Measurement knob: rows per expert tile (0 = the route's default; see MoePrefillScratch).
   if (const char* e = std::getenv("KESTREL_PREFILL_MOE_BM"); e != nullptr && *e != 0) {
     moe_bm_ = std::atoi(e);
@@ -443,9 +446,9 @@ void PrefillStep::attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int
   a.vcache = sq.vc[size_t(l)];
   a.out = buf_.attn;
   a.gated = true;
-  a.p_split = prefill_attn_p_split();
-  a.qk_wgmma = prefill_attn_qk_wgmma();
-  a.pv_wgmma = prefill_attn_pv_wgmma();
+  a.p_split = attn_p_split_;
+  a.qk_wgmma = attn_qk_wgmma_;
+  a.pv_wgmma = attn_pv_wgmma_;
   a.heads = c.num_attention_heads;
   a.kv_heads = c.num_kv_heads;
   a.head_dim = c.head_dim;

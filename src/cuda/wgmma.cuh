@@ -33,6 +33,8 @@ namespace kestrel::cuda::wg {
 // chunk c of row r at r * 128 + ((c ^ (r & 7)) << 4), the tile 1024-byte aligned): start address,
 // leading offset 16 B (unused by this layout), stride 1024 B between 8-row groups, swizzle mode 1.
 // A k16 step further along the rows is the same descriptor with the start advanced by 32 bytes.
+// Byte offset of 16-byte chunk c of row r in such a tile.
+__device__ __forceinline__ int sw128_off(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr) {
   return uint64_t((smem_addr & 0x3ffff) >> 4) | (uint64_t(16 >> 4) << 16) | (uint64_t(1024 >> 4) << 32) |
          (uint64_t(1) << 62);
