@@ -54,9 +54,12 @@ enum class PrefillGemmKernel : uint8_t { Reg, Pipe };
 // warpgroups on mbarriers: a fold overlaps the next tile's wgmma), wgmma transposed (C^T = W X^T with
 // the dequantised weights as the register operand: no converted copy in shared memory, two scales
 // per thread and k-tile) or mma.sync (8 warps of 32 x 64; bf16 weights always take it).
-// KESTREL_PIPE_MMA = wgmma | ws | rs | sync, read at each launch (so that tests cover every one);
+// KESTREL_PIPE_MMA = wgmma | ws | rs | sync | dq, read at each launch (so that tests cover every one);
 // anything else is an error.
-enum class PipeMma : uint8_t { Wgmma, Ws, Rs, Sync };
+// Dq (KESTREL_PIPE_MMA=dq) is a different contract, for Q4 and bf16 weights alike: A as its bf16
+// hi plane only and the weights dequantised to bf16 in shared memory (Q4: bf16(q s + b)), one
+// wgmma per k16 step accumulating the whole K (prefill_pipe.cu); a bf16 x bf16 GEMM's numbers.
+enum class PipeMma : uint8_t { Wgmma, Ws, Rs, Sync, Dq };
 PipeMma prefill_pipe_q4_mma();
 // The Rs kernel's MoE tail tiles (PrefillGemmArgs::tail_off): an expert's last rows_g % 128 rows,
 // when at most 64, on a 64-token tile (half the wgmma and activation copies of a 128-token one).
@@ -68,7 +71,11 @@ bool prefill_pipe_rs_tail();
 enum class PipeWsGrid : uint8_t { Persistent, Tiles };
 PipeWsGrid prefill_pipe_ws_grid();
 inline const char* prefill_pipe_mma_name(PipeMma m) {
-  return m == PipeMma::Wgmma ? "wgmma" : m == PipeMma::Ws ? "ws" : m == PipeMma::Rs ? "rs" : "sync";
+  return m == PipeMma::Wgmma ? "wgmma"
+         : m == PipeMma::Ws  ? "ws"
+         : m == PipeMma::Rs  ? "rs"
+         : m == PipeMma::Sync ? "sync"
+                              : "dq";
 }
 constexpr int kPipeBM = 128;  // rows per tile of the Pipe kernel (grouped: moe_route's bm)
 constexpr int kPipeTailRows = 64;  // the rs kernel's MoE tail tiles (prefill_pipe_rs_tail)
@@ -104,6 +111,7 @@ struct PrefillGemmArgs {
   const float* A = nullptr;   // fp32 [*, lda] (staged as `aprec` says), or
   const uint16_t* A16 = nullptr;  // bf16 [*, lda] (the same numbers at half the bytes), or
   PipeA pipe;                     // the fp32 A split for the Pipe kernel (rows indexed as A's)
+  bool exact = false;             // Pipe: the Split route's numbers even under PipeMma::Dq (a router)
   int64_t lda = 0;
   PrefillAPrec aprec = PrefillAPrec::Split;  // fp32 A only
   unsigned* range_flag = nullptr;  // F16: device word, |= 1 when an A element exceeded f16_limit

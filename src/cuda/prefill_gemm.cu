@@ -708,6 +708,7 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
     g.W = w.router;
     g.C = sc.logits;
     g.ldc = w.E;
+    g.exact = true;  // (the experts chosen must not depend on the GEMM's route)
     block_gemm(g, sc, h, w.hidden, phv, s);
   }
   MoeRouteArgs r;

@@ -407,6 +407,203 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
 }
 
 // ---------------------------------------------------------------------------------------------
+// Dequantising kernel (PipeMma::Dq): A as its bf16 hi plane only and the weights as bf16 in shared
+// memory (Q4: bf16(q s + b), one rounding of the exact value, by fma.rn.bf16x2; bf16 weights as
+// they are), so that wgmma accumulates a tile's whole K in fp32 registers: no integer products
+// kept apart, no per-k-tile fold or wait, no biases' GEMM, one wgmma per k16 step instead of two.
+// The numbers are those of a bf16 x bf16 GEMM with fp32 accumulation (MLX's own quantized matmul
+// on bf16 activations, and every bf16 engine's), ~2^-9 relative per operand instead of the Split
+// route's ~2^-16 (tests: PrefillPipe.Dq*, PrefillE2E.PipeDq; bounds in the tests' headers).
+//
+// Why (bench/PREFILL_NOTES.md, v8 and v13): the three exact Q4 wgmma kernels above all sit at ~40 %
+// tensor pipe; what they share is the split A (two wgmma per k16 step) and the fold, which makes
+// each k-tile wait for its own wgmma group before the next can accumulate.
+//
+// Pipeline (one __syncthreads per k-tile, as the wgmma kernel): A tile j and W tile j + 1 are copied
+// by cp.async into stage j % kDqStages, kDqStages - 2 tiles ahead; each thread converts the W bytes
+// it copied itself (tile kt + 1, during tile kt's wgmma) into converted buffer (kt + 1) % 3 in A's
+// permuted k order; wgmma.wait_group 1 after each issue, so one k-tile's group is in flight through
+// the barrier and the next k-tile's copies and conversion. A stage and a converted buffer are
+// rewritten two k-tiles after their wgmma was issued, when every thread has waited for it.
+// ---------------------------------------------------------------------------------------------
+template <DFmt F>
+struct DqLayout {
+  static constexpr bool kQ4 = F == DFmt::Q4;
+  static constexpr int kStages = kQ4 ? 6 : 5;
+  static constexpr int kA = BM * 128, kW = BN * (kQ4 ? 32 : 128);
+  static constexpr int kStage = kA + kW;                // A hi, raw W (Q4 codes or bf16)
+  static constexpr int kConv = kStages * kStage;        // [3][BN][128 B] bf16 W in A's k order
+  static constexpr int kChunk = kConv + 3 * BN * 128;   // Q4: [2 chunks][scales, biases][BN][8] bf16
+  static constexpr int kBytes = kQ4 ? kChunk + 2 * 2 * BN * 16 : kChunk;
+  static_assert(kA % 1024 == 0 && kStage % 1024 == 0 && kConv % 1024 == 0, "wgmma tiles 1024-aligned");
+};
+
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+
+template <DFmt F, bool SILU>
+__global__ void __launch_bounds__(kThreads, 1) pipe_dq_kernel(const PrefillGemmArgs p) {
+  using L = DqLayout<F>;
+  constexpr bool QW = L::kQ4;
+  constexpr int S = L::kStages;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (pf::smem_u32(smem_raw) & 1023)) & 1023);
+  const uint32_t sbase = pf::smem_u32(smem);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+  const int g = lane >> 2, t = lane & 3;
+
+  int64_t m0, m_end, grp;
+  if (!tile_rows(p, BM, m0, m_end, grp)) return;
+  const int64_t K = p.K, KG = K / 64;
+  const int KT = int(KG);
+  auto w_row = [&](int r) -> PipeWRow {  // weight row of shared W row r (as the wgmma kernel)
+    int64_t col;
+    bool up = false;
+    if constexpr (SILU) {
+      const int within = r & 63;
+      col = int64_t(blockIdx.x) * 64 + 32 * (r >> 6) + (within & 31);
+      up = within >= 32;
+    } else {
+      col = int64_t(blockIdx.x) * BN + r;
+    }
+    return pipe_w_row(p, grp, col, up);
+  };
+
+  // Copies: A hi rows (tid >> 3) + 32 i, chunk tid & 7 (PipeACopies, hi plane only); W: Q4 row
+  // tid >> 1 half tid & 1 (16 bytes), bf16 row tid >> 1 chunks 4 (tid & 1) .. + 3 (64 bytes), so
+  // that each thread converts exactly the bytes it copied.
+  const PipeACopies<4> acp(p, m0, m_end, tid);
+  const int wr = tid >> 1, wc = tid & 1;
+  const PipeWRow w = w_row(wr);
+  const uint8_t* w_src = static_cast<const uint8_t*>(w.m->data) + w.row * (QW ? K / 2 : K * 2) + (QW ? 16 : 64) * wc;
+  // Q4: thread tid copies the chunk of 8 scales (tid < BN) or biases (tid >= BN) of row tid % BN.
+  const uint16_t* sb_src = nullptr;
+  bool sb_ok = false;
+  if constexpr (QW) {
+    const PipeWRow ws = w_row(tid % BN);
+    sb_ok = ws.ok;
+    sb_src = (tid < BN ? ws.m->scales : ws.m->biases) + ws.row * KG;
+  }
+  auto stage = [&](int kt) { return sbase + uint32_t((kt % S) * L::kStage); };
+  auto load_a = [&](int kt) {
+    const uint8_t* h = acp.hi;
+    const uint32_t st = stage(kt) + acp.soff;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      pf::cp_async16(st + uint32_t(4096 * i), h + size_t(acp.src[i] + int64_t(kt) * BK) * 2, acp.ok[i]);
+  };
+  auto load_w = [&](int kt) {
+    const uint32_t st = stage(kt) + uint32_t(L::kA);
+    if constexpr (QW) {
+      pf::cp_async16(st + uint32_t(wq_off(wr, wc)), w_src + size_t(kt) * 32, w.ok);
+      if (kt % kChunkTiles == 0)
+        pf::cp_async16(sbase + uint32_t(L::kChunk + ((kt / kChunkTiles) & 1) * 2 * BN * 16 + tid * 16),
+                       sb_src + kt, sb_ok);
+    } else {
+#pragma unroll
+      for (int c = 0; c < 4; ++c)
+        pf::cp_async16(st + uint32_t(a_off(wr, 4 * wc + c)), w_src + size_t(kt) * 128 + 16 * c, w.ok);
+    }
+  };
+  // W tile kt (raw, in stage kt % S) -> converted buffer kt % 3: position 32 cc + 8 j + 2 t' + e of a
+  // row holds k = 32 cc + 8 t' + j + 4 e (A's permuted order; see the file's head), chunk 4 cc + j.
+  auto convert_w = [&](int kt) {
+    const uint8_t* raw = smem + (kt % S) * L::kStage + L::kA;
+    uint8_t* dst = smem + L::kConv + (kt % 3) * BN * 128;
+    if constexpr (QW) {
+      const uint4 u = *reinterpret_cast<const uint4*>(raw + wq_off(wr, wc));
+      const uint16_t* ch = reinterpret_cast<const uint16_t*>(smem + L::kChunk) + ((kt / kChunkTiles) & 1) * 2 * BN * 8;
+      const uint32_t s = ch[wr * 8 + kt % kChunkTiles], b = ch[(BN + wr) * 8 + kt % kChunkTiles];
+      const uint32_t s2 = s | (s << 16), b2 = b | (b << 16);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        *reinterpret_cast<uint4*>(dst + a_off(wr, 4 * wc + j)) =
+            make_uint4(fma_bf16x2(q4_pair(u.x, j), s2, b2), fma_bf16x2(q4_pair(u.y, j), s2, b2),
+                       fma_bf16x2(q4_pair(u.z, j), s2, b2), fma_bf16x2(q4_pair(u.w, j), s2, b2));
+    } else {
+      uint4 u[4];  // k 32 wc + 8 t' .. + 7 for t' = 0..3
+#pragma unroll
+      for (int c = 0; c < 4; ++c) u[c] = *reinterpret_cast<const uint4*>(raw + a_off(wr, 4 * wc + c));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t sel = (j & 1) ? 0x7632u : 0x5410u;  // (element j, element j + 4) of each t'
+        auto pick = [&](const uint4& v) {
+          return j < 2 ? __byte_perm(v.x, v.z, sel) : __byte_perm(v.y, v.w, sel);
+        };
+        *reinterpret_cast<uint4*>(dst + a_off(wr, 4 * wc + j)) = make_uint4(pick(u[0]), pick(u[1]), pick(u[2]), pick(u[3]));
+      }
+    }
+  };
+
+  float acc[16][4];  // d[8 i + nt][e]: rows 64 wg + 16 (warp % 4) + g + 8 (e / 2), column 64 i + 8 nt + 2 t + e % 2
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+
+  // Groups: P = W tile 0 (and its scale chunk), then group j = A tile j + W tile j + 1.
+  load_w(0);
+  pf::cp_async_commit();
+#pragma unroll
+  for (int s = 0; s < S - 2; ++s) {
+    if (s < KT) load_a(s);
+    if (s + 1 < KT) load_w(s + 1);
+    pf::cp_async_commit();
+  }
+  pf::cp_async_wait<S - 2>();  // group P landed for this thread ...
+  __syncthreads();             // ... and for every thread (the scale chunk is other threads' copy)
+  convert_w(0);
+  for (int kt = 0; kt < KT; ++kt) {
+    pf::cp_async_wait<S - 3>();  // A tile kt and W tile kt + 1 of this thread landed
+    wg::fence_proxy_async();     // its copies and conversion of W tile kt are wgmma's to read
+    __syncthreads();             // ... for every thread; every wgmma group up to kt - 2 is done
+    {
+      const int j = kt + S - 2;  // into stage (kt - 2) % S (A) and W's part of stage (kt - 1) % S
+      if (j < KT) load_a(j);
+      if (j + 1 < KT) load_w(j + 1);
+      pf::cp_async_commit();
+    }
+    // Every warpgroup issues, live or not (a branch around wgmma serialises them all: C7518).
+    wg::fence();
+    const uint32_t a = stage(kt) + uint32_t(wg * 64 * 128);
+    const uint32_t b = sbase + uint32_t(L::kConv + (kt % 3) * BN * 128);
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      wg::mma_m64n128k16_bf16(acc, wg::desc_sw128(a + 32 * ks), wg::desc_sw128(b + 32 * ks), true);
+    wg::commit();
+    if (kt + 1 < KT) convert_w(kt + 1);  // into buffer (kt + 1) % 3, last read by k-tile kt - 2
+    wg::wait<1>();
+  }
+  wg::wait<0>();
+  wg::fence_acc(acc);
+  pf::cp_async_wait<0>();  // (only empty groups can be outstanding; leave none behind)
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = m0 + 64 * wg + 16 * (warp & 3) + g + 8 * h;
+      if (m >= m_end) continue;
+      constexpr int NTO = SILU ? 4 : 8;
+#pragma unroll
+      for (int nt = 0; nt < NTO; ++nt) {
+        const float* d = acc[8 * i + nt];
+        if constexpr (SILU) {
+          const float* u = acc[8 * i + nt + 4];
+          const int64_t col = int64_t(blockIdx.x) * 64 + i * 32 + nt * 8 + 2 * t;
+          store_pair(p, m, col, silu_f(d[2 * h]) * u[2 * h], silu_f(d[2 * h + 1]) * u[2 * h + 1]);
+        } else {
+          const int64_t col = int64_t(blockIdx.x) * BN + i * 64 + nt * 8 + 2 * t;
+          store_pair(p, m, col, d[2 * h], d[2 * h + 1]);
+        }
+      }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Transposed Q4 kernel (PipeMma::Rs): C^T = W X^T on wgmma with the weights as the register
 // operand. The same numbers as the kernels above (A split hi + lo, Q4 codes exact integers, the
 // fold acc += s P per 64-group, the biases' share as a small MMA GEMM first) up to accumulation
@@ -1069,6 +1266,14 @@ void launch(const PrefillGemmArgs& a, cudaStream_t s) {
   KCUDA_LAUNCH("prefill_pipe_gemm");
 }
 
+template <DFmt F, bool SILU>
+void launch_dq(const PrefillGemmArgs& a, cudaStream_t s) {
+  const unsigned gx = unsigned(SILU ? (a.N + 63) / 64 : (a.N + BN - 1) / BN);
+  const unsigned gy = unsigned(a.groups > 0 ? a.max_tiles : (a.M + BM - 1) / BM);
+  pipe_dq_kernel<F, SILU><<<dim3(gx, gy), kThreads, DqLayout<F>::kBytes + 1024, s>>>(a);
+  KCUDA_LAUNCH("prefill_pipe_dq_gemm");
+}
+
 constexpr int kWsSmemBytes = WsLayout::kBytes + 1024;
 constexpr int kRsSmemBytes = RsLayout::kBytes + 1024;
 
@@ -1113,6 +1318,10 @@ void prefill_pipe_init() {
     KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::Q4, true, true>, attr, kSmemBytes<DFmt::Q4>));
     KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::BF16, false, false>, attr, kSmemBytes<DFmt::BF16>));
     KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::BF16, true, false>, attr, kSmemBytes<DFmt::BF16>));
+    KCUDA(cudaFuncSetAttribute(pipe_dq_kernel<DFmt::Q4, false>, attr, DqLayout<DFmt::Q4>::kBytes + 1024));
+    KCUDA(cudaFuncSetAttribute(pipe_dq_kernel<DFmt::Q4, true>, attr, DqLayout<DFmt::Q4>::kBytes + 1024));
+    KCUDA(cudaFuncSetAttribute(pipe_dq_kernel<DFmt::BF16, false>, attr, DqLayout<DFmt::BF16>::kBytes + 1024));
+    KCUDA(cudaFuncSetAttribute(pipe_dq_kernel<DFmt::BF16, true>, attr, DqLayout<DFmt::BF16>::kBytes + 1024));
     KCUDA(cudaFuncSetAttribute(pipe_ws_kernel<false>, attr, kWsSmemBytes));
     KCUDA(cudaFuncSetAttribute(pipe_ws_kernel<true>, attr, kWsSmemBytes));
     KCUDA(cudaFuncSetAttribute(pipe_rs_kernel<false, BM>, attr, kRsSmemBytes));
@@ -1125,8 +1334,14 @@ void prefill_pipe_init() {
 void prefill_pipe_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s) {
   prefill_pipe_init();
   const bool silu = a.epi == GemmEpi::SiluMul;
-  if (a.W.fmt == DFmt::Q4) {
-    switch (prefill_pipe_q4_mma()) {
+  PipeMma mma = prefill_pipe_q4_mma();
+  if (mma == PipeMma::Dq && a.exact) mma = PipeMma::Wgmma;  // (bf16 weights: mma.sync, below)
+  if (mma == PipeMma::Dq) {  // both formats
+    if (a.W.fmt == DFmt::Q4) silu ? launch_dq<DFmt::Q4, true>(a, s) : launch_dq<DFmt::Q4, false>(a, s);
+    else silu ? launch_dq<DFmt::BF16, true>(a, s) : launch_dq<DFmt::BF16, false>(a, s);
+  } else if (a.W.fmt == DFmt::Q4) {
+    switch (mma) {
+      case PipeMma::Dq: break;  // (above)
       case PipeMma::Ws: silu ? launch_ws<true>(a, s) : launch_ws<false>(a, s); break;
       case PipeMma::Rs: silu ? launch_rs<true>(a, s) : launch_rs<false>(a, s); break;
       case PipeMma::Wgmma: silu ? launch<DFmt::Q4, true, true>(a, s) : launch<DFmt::Q4, false, true>(a, s); break;

@@ -193,8 +193,8 @@ bool prefill_attn_qk_wgmma() { return env_choice("KESTREL_ATTN_QK", {"wgmma", "s
 bool prefill_attn_pv_wgmma() { return env_choice("KESTREL_ATTN_PV", {"wgmma", "sync"}) == 0; }
 
 PipeMma prefill_pipe_q4_mma() {
-  constexpr PipeMma m[] = {PipeMma::Wgmma, PipeMma::Ws, PipeMma::Rs, PipeMma::Sync};
-  return m[env_choice("KESTREL_PIPE_MMA", {"wgmma", "ws", "rs", "sync"})];
+  constexpr PipeMma m[] = {PipeMma::Wgmma, PipeMma::Ws, PipeMma::Rs, PipeMma::Sync, PipeMma::Dq};
+  return m[env_choice("KESTREL_PIPE_MMA", {"wgmma", "ws", "rs", "sync", "dq"})];
 }
 
 bool prefill_pipe_rs_tail() { return env_choice("KESTREL_PIPE_RS_TAIL", {"0", "1"}) == 1; }
