@@ -61,6 +61,9 @@ enum class PrefillGemmKernel : uint8_t { Reg, Pipe };
 // wgmma per k16 step accumulating the whole K (prefill_pipe.cu); a bf16 x bf16 GEMM's numbers.
 enum class PipeMma : uint8_t { Wgmma, Ws, Rs, Sync, Dq };
 PipeMma prefill_pipe_q4_mma();
+// The Dq kernel's Q4 tiles: 128 x 128 (the default) or 128 x 256 (m64n256 per warpgroup).
+// KESTREL_PIPE_DQ_N = 128 | 256; anything else is an error.
+bool prefill_pipe_dq_wide();
 // The Rs kernel's MoE tail tiles (PrefillGemmArgs::tail_off): an expert's last rows_g % 128 rows,
 // when at most 64, on a 64-token tile (half the wgmma and activation copies of a 128-token one).
 // KESTREL_PIPE_RS_TAIL = 0 (default) | 1; anything else is an error.

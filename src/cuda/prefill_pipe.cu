@@ -426,16 +426,20 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
 // the barrier and the next k-tile's copies and conversion. A stage and a converted buffer are
 // rewritten two k-tiles after their wgmma was issued, when every thread has waited for it.
 // ---------------------------------------------------------------------------------------------
-template <DFmt F>
+// Tiles of 128 rows x NB weight rows (NB = 128: two warpgroups of m64n128; NB = 256, Q4 only:
+// m64n256, 128 accumulators per thread, A's copies shared by twice the columns).
+template <DFmt F, int NB>
 struct DqLayout {
   static constexpr bool kQ4 = F == DFmt::Q4;
-  static constexpr int kStages = kQ4 ? 6 : 5;
-  static constexpr int kA = BM * 128, kW = BN * (kQ4 ? 32 : 128);
+  static_assert(NB == 128 || (NB == 256 && kQ4), "bf16 weights: 128-column tiles");
+  static constexpr int kStages = !kQ4 ? 5 : NB == 128 ? 6 : 4;
+  static constexpr int kA = BM * 128, kW = NB * (kQ4 ? 32 : 128);
   static constexpr int kStage = kA + kW;                // A hi, raw W (Q4 codes or bf16)
-  static constexpr int kConv = kStages * kStage;        // [3][BN][128 B] bf16 W in A's k order
-  static constexpr int kChunk = kConv + 3 * BN * 128;   // Q4: [2 chunks][scales, biases][BN][8] bf16
-  static constexpr int kBytes = kQ4 ? kChunk + 2 * 2 * BN * 16 : kChunk;
+  static constexpr int kConv = kStages * kStage;        // [3][NB][128 B] bf16 W in A's k order
+  static constexpr int kChunk = kConv + 3 * NB * 128;   // Q4: [2 chunks][scales, biases][NB][8] bf16
+  static constexpr int kBytes = kQ4 ? kChunk + 2 * 2 * NB * 16 : kChunk;
   static_assert(kA % 1024 == 0 && kStage % 1024 == 0 && kConv % 1024 == 0, "wgmma tiles 1024-aligned");
+  static_assert(kBytes + 1024 <= 227 * 1024, "shared memory");
 };
 
 __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
@@ -444,11 +448,13 @@ __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t 
   return r;
 }
 
-template <DFmt F, bool SILU>
+template <DFmt F, bool SILU, int NB>
 __global__ void __launch_bounds__(kThreads, 1) pipe_dq_kernel(const PrefillGemmArgs p) {
-  using L = DqLayout<F>;
+  using L = DqLayout<F, NB>;
   constexpr bool QW = L::kQ4;
   constexpr int S = L::kStages;
+  constexpr int NR = NB / 128;  // W rows per thread: wr + 128 i
+  constexpr int NJ = NB / 8;    // accumulator column tiles
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (pf::smem_u32(smem_raw) & 1023)) & 1023);
   const uint32_t sbase = pf::smem_u32(smem);
@@ -459,33 +465,45 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_dq_kernel(const PrefillGemmA
   if (!tile_rows(p, BM, m0, m_end, grp)) return;
   const int64_t K = p.K, KG = K / 64;
   const int KT = int(KG);
-  auto w_row = [&](int r) -> PipeWRow {  // weight row of shared W row r (as the wgmma kernel)
+  // Weight row of shared W row r. SiLU: each 64 rows are 32 gates then the 32 ups of the same
+  // outputs (as the wgmma kernel), so a block computes NB / 2 outputs.
+  auto w_row = [&](int r) -> PipeWRow {
     int64_t col;
     bool up = false;
     if constexpr (SILU) {
       const int within = r & 63;
-      col = int64_t(blockIdx.x) * 64 + 32 * (r >> 6) + (within & 31);
+      col = int64_t(blockIdx.x) * (NB / 2) + 32 * (r >> 6) + (within & 31);
       up = within >= 32;
     } else {
-      col = int64_t(blockIdx.x) * BN + r;
+      col = int64_t(blockIdx.x) * NB + r;
     }
     return pipe_w_row(p, grp, col, up);
   };
 
-  // Copies: A hi rows (tid >> 3) + 32 i, chunk tid & 7 (PipeACopies, hi plane only); W: Q4 row
-  // tid >> 1 half tid & 1 (16 bytes), bf16 row tid >> 1 chunks 4 (tid & 1) .. + 3 (64 bytes), so
-  // that each thread converts exactly the bytes it copied.
+  // Copies: A hi rows (tid >> 3) + 32 i, chunk tid & 7 (PipeACopies, hi plane only); W: Q4 rows
+  // wr + 128 i half wc (16 bytes each), bf16 row wr chunks 4 wc .. + 3 (64 bytes), so that each
+  // thread converts exactly the bytes it copied.
   const PipeACopies<4> acp(p, m0, m_end, tid);
   const int wr = tid >> 1, wc = tid & 1;
-  const PipeWRow w = w_row(wr);
-  const uint8_t* w_src = static_cast<const uint8_t*>(w.m->data) + w.row * (QW ? K / 2 : K * 2) + (QW ? 16 : 64) * wc;
-  // Q4: thread tid copies the chunk of 8 scales (tid < BN) or biases (tid >= BN) of row tid % BN.
-  const uint16_t* sb_src = nullptr;
-  bool sb_ok = false;
+  const uint8_t* w_src[NR];
+  bool w_ok[NR];
+#pragma unroll
+  for (int i = 0; i < NR; ++i) {
+    const PipeWRow w = w_row(wr + 128 * i);
+    w_ok[i] = w.ok;
+    w_src[i] = static_cast<const uint8_t*>(w.m->data) + w.row * (QW ? K / 2 : K * 2) + (QW ? 16 : 64) * wc;
+  }
+  // Q4: copy c = tid + 256 i of a scale chunk is the 8 scales (c < NB) or biases of row c % NB.
+  const uint16_t* sb_src[NR];
+  bool sb_ok[NR];
   if constexpr (QW) {
-    const PipeWRow ws = w_row(tid % BN);
-    sb_ok = ws.ok;
-    sb_src = (tid < BN ? ws.m->scales : ws.m->biases) + ws.row * KG;
+#pragma unroll
+    for (int i = 0; i < NR; ++i) {
+      const int c = tid + 256 * i;
+      const PipeWRow ws = w_row(c % NB);
+      sb_ok[i] = ws.ok;
+      sb_src[i] = (c < NB ? ws.m->scales : ws.m->biases) + ws.row * KG;
+    }
   }
   auto stage = [&](int kt) { return sbase + uint32_t((kt % S) * L::kStage); };
   auto load_a = [&](int kt) {
@@ -498,31 +516,39 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_dq_kernel(const PrefillGemmA
   auto load_w = [&](int kt) {
     const uint32_t st = stage(kt) + uint32_t(L::kA);
     if constexpr (QW) {
-      pf::cp_async16(st + uint32_t(wq_off(wr, wc)), w_src + size_t(kt) * 32, w.ok);
-      if (kt % kChunkTiles == 0)
-        pf::cp_async16(sbase + uint32_t(L::kChunk + ((kt / kChunkTiles) & 1) * 2 * BN * 16 + tid * 16),
-                       sb_src + kt, sb_ok);
+#pragma unroll
+      for (int i = 0; i < NR; ++i) pf::cp_async16(st + uint32_t(wq_off(wr + 128 * i, wc)), w_src[i] + size_t(kt) * 32, w_ok[i]);
+      if (kt % kChunkTiles == 0) {
+#pragma unroll
+        for (int i = 0; i < NR; ++i)
+          pf::cp_async16(sbase + uint32_t(L::kChunk + ((kt / kChunkTiles) & 1) * 2 * NB * 16 + (tid + 256 * i) * 16),
+                         sb_src[i] + kt, sb_ok[i]);
+      }
     } else {
 #pragma unroll
       for (int c = 0; c < 4; ++c)
-        pf::cp_async16(st + uint32_t(a_off(wr, 4 * wc + c)), w_src + size_t(kt) * 128 + 16 * c, w.ok);
+        pf::cp_async16(st + uint32_t(a_off(wr, 4 * wc + c)), w_src[0] + size_t(kt) * 128 + 16 * c, w_ok[0]);
     }
   };
   // W tile kt (raw, in stage kt % S) -> converted buffer kt % 3: position 32 cc + 8 j + 2 t' + e of a
   // row holds k = 32 cc + 8 t' + j + 4 e (A's permuted order; see the file's head), chunk 4 cc + j.
   auto convert_w = [&](int kt) {
     const uint8_t* raw = smem + (kt % S) * L::kStage + L::kA;
-    uint8_t* dst = smem + L::kConv + (kt % 3) * BN * 128;
+    uint8_t* dst = smem + L::kConv + (kt % 3) * NB * 128;
     if constexpr (QW) {
-      const uint4 u = *reinterpret_cast<const uint4*>(raw + wq_off(wr, wc));
-      const uint16_t* ch = reinterpret_cast<const uint16_t*>(smem + L::kChunk) + ((kt / kChunkTiles) & 1) * 2 * BN * 8;
-      const uint32_t s = ch[wr * 8 + kt % kChunkTiles], b = ch[(BN + wr) * 8 + kt % kChunkTiles];
-      const uint32_t s2 = s | (s << 16), b2 = b | (b << 16);
+      const uint16_t* ch = reinterpret_cast<const uint16_t*>(smem + L::kChunk) + ((kt / kChunkTiles) & 1) * 2 * NB * 8;
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        *reinterpret_cast<uint4*>(dst + a_off(wr, 4 * wc + j)) =
-            make_uint4(fma_bf16x2(q4_pair(u.x, j), s2, b2), fma_bf16x2(q4_pair(u.y, j), s2, b2),
-                       fma_bf16x2(q4_pair(u.z, j), s2, b2), fma_bf16x2(q4_pair(u.w, j), s2, b2));
+      for (int i = 0; i < NR; ++i) {
+        const int r = wr + 128 * i;
+        const uint4 u = *reinterpret_cast<const uint4*>(raw + wq_off(r, wc));
+        const uint32_t s = ch[r * 8 + kt % kChunkTiles], b = ch[(NB + r) * 8 + kt % kChunkTiles];
+        const uint32_t s2 = s | (s << 16), b2 = b | (b << 16);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          *reinterpret_cast<uint4*>(dst + a_off(r, 4 * wc + j)) =
+              make_uint4(fma_bf16x2(q4_pair(u.x, j), s2, b2), fma_bf16x2(q4_pair(u.y, j), s2, b2),
+                         fma_bf16x2(q4_pair(u.z, j), s2, b2), fma_bf16x2(q4_pair(u.w, j), s2, b2));
+      }
     } else {
       uint4 u[4];  // k 32 wc + 8 t' .. + 7 for t' = 0..3
 #pragma unroll
@@ -538,9 +564,10 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_dq_kernel(const PrefillGemmA
     }
   };
 
-  float acc[16][4];  // d[8 i + nt][e]: rows 64 wg + 16 (warp % 4) + g + 8 (e / 2), column 64 i + 8 nt + 2 t + e % 2
+  // acc[j][e]: row 64 wg + 16 (warp % 4) + g + 8 (e / 2), column 8 j + 2 t + e % 2.
+  float acc[NJ][4];
 #pragma unroll
-  for (int j = 0; j < 16; ++j)
+  for (int j = 0; j < NJ; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
 
@@ -569,12 +596,16 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_dq_kernel(const PrefillGemmA
     // Every warpgroup issues, live or not (a branch around wgmma serialises them all: C7518).
     wg::fence();
     const uint32_t a = stage(kt) + uint32_t(wg * 64 * 128);
-    const uint32_t b = sbase + uint32_t(L::kConv + (kt % 3) * BN * 128);
+    const uint32_t b = sbase + uint32_t(L::kConv + (kt % 3) * NB * 128);
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-      wg::mma_m64n128k16_bf16(acc, wg::desc_sw128(a + 32 * ks), wg::desc_sw128(b + 32 * ks), true);
+    for (int ks = 0; ks < 4; ++ks) {
+      if constexpr (NB == 256) wg::mma_m64n256k16_bf16(acc, wg::desc_sw128(a + 32 * ks), wg::desc_sw128(b + 32 * ks));
+      else wg::mma_m64n128k16_bf16(acc, wg::desc_sw128(a + 32 * ks), wg::desc_sw128(b + 32 * ks), true);
+    }
     wg::commit();
-    if (kt + 1 < KT) convert_w(kt + 1);  // into buffer (kt + 1) % 3, last read by k-tile kt - 2
+    // Into buffer (kt + 1) % 3, last read by k-tile kt - 2's wgmma (both warpgroups read every
+    // buffer, so two buffers would need a second barrier per k-tile).
+    if (kt + 1 < KT) convert_w(kt + 1);
     wg::wait<1>();
   }
   wg::wait<0>();
@@ -582,7 +613,7 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_dq_kernel(const PrefillGemmA
   pf::cp_async_wait<0>();  // (only empty groups can be outstanding; leave none behind)
 
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < NB / 64; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t m = m0 + 64 * wg + 16 * (warp & 3) + g + 8 * h;
@@ -593,10 +624,10 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_dq_kernel(const PrefillGemmA
         const float* d = acc[8 * i + nt];
         if constexpr (SILU) {
           const float* u = acc[8 * i + nt + 4];
-          const int64_t col = int64_t(blockIdx.x) * 64 + i * 32 + nt * 8 + 2 * t;
+          const int64_t col = int64_t(blockIdx.x) * (NB / 2) + i * 32 + nt * 8 + 2 * t;
           store_pair(p, m, col, silu_f(d[2 * h]) * u[2 * h], silu_f(d[2 * h + 1]) * u[2 * h + 1]);
         } else {
-          const int64_t col = int64_t(blockIdx.x) * BN + i * 64 + nt * 8 + 2 * t;
+          const int64_t col = int64_t(blockIdx.x) * NB + i * 64 + nt * 8 + 2 * t;
           store_pair(p, m, col, d[2 * h], d[2 * h + 1]);
         }
       }
@@ -1266,12 +1297,18 @@ void launch(const PrefillGemmArgs& a, cudaStream_t s) {
   KCUDA_LAUNCH("prefill_pipe_gemm");
 }
 
-template <DFmt F, bool SILU>
+template <DFmt F, bool SILU, int NB>
 void launch_dq(const PrefillGemmArgs& a, cudaStream_t s) {
-  const unsigned gx = unsigned(SILU ? (a.N + 63) / 64 : (a.N + BN - 1) / BN);
+  const unsigned gx = unsigned(SILU ? (a.N + NB / 2 - 1) / (NB / 2) : (a.N + NB - 1) / NB);
   const unsigned gy = unsigned(a.groups > 0 ? a.max_tiles : (a.M + BM - 1) / BM);
-  pipe_dq_kernel<F, SILU><<<dim3(gx, gy), kThreads, DqLayout<F>::kBytes + 1024, s>>>(a);
+  pipe_dq_kernel<F, SILU, NB><<<dim3(gx, gy), kThreads, DqLayout<F, NB>::kBytes + 1024, s>>>(a);
   KCUDA_LAUNCH("prefill_pipe_dq_gemm");
+}
+template <DFmt F, int NB>
+void set_dq_smem() {
+  const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  KCUDA(cudaFuncSetAttribute(pipe_dq_kernel<F, false, NB>, attr, DqLayout<F, NB>::kBytes + 1024));
+  KCUDA(cudaFuncSetAttribute(pipe_dq_kernel<F, true, NB>, attr, DqLayout<F, NB>::kBytes + 1024));
 }
 
 constexpr int kWsSmemBytes = WsLayout::kBytes + 1024;
@@ -1318,10 +1355,9 @@ void prefill_pipe_init() {
     KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::Q4, true, true>, attr, kSmemBytes<DFmt::Q4>));
     KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::BF16, false, false>, attr, kSmemBytes<DFmt::BF16>));
     KCUDA(cudaFuncSetAttribute(pipe_gemm_kernel<DFmt::BF16, true, false>, attr, kSmemBytes<DFmt::BF16>));
-    KCUDA(cudaFuncSetAttribute(pipe_dq_kernel<DFmt::Q4, false>, attr, DqLayout<DFmt::Q4>::kBytes + 1024));
-    KCUDA(cudaFuncSetAttribute(pipe_dq_kernel<DFmt::Q4, true>, attr, DqLayout<DFmt::Q4>::kBytes + 1024));
-    KCUDA(cudaFuncSetAttribute(pipe_dq_kernel<DFmt::BF16, false>, attr, DqLayout<DFmt::BF16>::kBytes + 1024));
-    KCUDA(cudaFuncSetAttribute(pipe_dq_kernel<DFmt::BF16, true>, attr, DqLayout<DFmt::BF16>::kBytes + 1024));
+    set_dq_smem<DFmt::Q4, 128>();
+    set_dq_smem<DFmt::Q4, 256>();
+    set_dq_smem<DFmt::BF16, 128>();
     KCUDA(cudaFuncSetAttribute(pipe_ws_kernel<false>, attr, kWsSmemBytes));
     KCUDA(cudaFuncSetAttribute(pipe_ws_kernel<true>, attr, kWsSmemBytes));
     KCUDA(cudaFuncSetAttribute(pipe_rs_kernel<false, BM>, attr, kRsSmemBytes));
@@ -1337,8 +1373,9 @@ void prefill_pipe_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s) {
   PipeMma mma = prefill_pipe_q4_mma();
   if (mma == PipeMma::Dq && a.exact) mma = PipeMma::Wgmma;  // (bf16 weights: mma.sync, below)
   if (mma == PipeMma::Dq) {  // both formats
-    if (a.W.fmt == DFmt::Q4) silu ? launch_dq<DFmt::Q4, true>(a, s) : launch_dq<DFmt::Q4, false>(a, s);
-    else silu ? launch_dq<DFmt::BF16, true>(a, s) : launch_dq<DFmt::BF16, false>(a, s);
+    if (a.W.fmt != DFmt::Q4) silu ? launch_dq<DFmt::BF16, true, 128>(a, s) : launch_dq<DFmt::BF16, false, 128>(a, s);
+    else if (prefill_pipe_dq_wide()) silu ? launch_dq<DFmt::Q4, true, 256>(a, s) : launch_dq<DFmt::Q4, false, 256>(a, s);
+    else silu ? launch_dq<DFmt::Q4, true, 128>(a, s) : launch_dq<DFmt::Q4, false, 128>(a, s);
   } else if (a.W.fmt == DFmt::Q4) {
     switch (mma) {
       case PipeMma::Dq: break;  // (above)

@@ -197,6 +197,8 @@ PipeMma prefill_pipe_q4_mma() {
   return m[env_choice("KESTREL_PIPE_MMA", {"wgmma", "ws", "rs", "sync", "dq"})];
 }
 
+bool prefill_pipe_dq_wide() { return env_choice("KESTREL_PIPE_DQ_N", {"128", "256"}) == 1; }
+
 bool prefill_pipe_rs_tail() { return env_choice("KESTREL_PIPE_RS_TAIL", {"0", "1"}) == 1; }
 
 PipeWsGrid prefill_pipe_ws_grid() {

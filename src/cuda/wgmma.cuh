@@ -124,6 +124,29 @@ __device__ __forceinline__ void mma_m64n32k16_bf16(float (&d)[4][4], uint64_t da
       : "l"(da), "l"(db), "r"(int(accumulate)));
 }
 
+// d (+)= A B for a 64 x 256 x 16 step (B [256, 16]), both operands K-major in shared memory,
+// accumulating: d[j][e] as the m64n128 step's for j < 32 (128 accumulators per thread).
+#define KESTREL_WG_D128_LIST \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, " \
+  "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, " \
+  "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, " \
+  "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, " \
+  "%97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, " \
+  "%113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+__device__ __forceinline__ void mma_m64n256k16_bf16(float (&d)[32][4], uint64_t da, uint64_t db) {
+  auto& d0 = reinterpret_cast<float(&)[16][4]>(d[0]);
+  auto& d1 = reinterpret_cast<float(&)[16][4]>(d[16]);
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " KESTREL_WG_D128_LIST ", %128, %129, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : KESTREL_WG_D64(d0), KESTREL_WG_D64(d1)
+      : "l"(da), "l"(db), "r"(1));
+}
+
 // Pins accumulator registers after a wait: the compiler may not move their reads above it.
 template <int N>
 __device__ __forceinline__ void fence_acc(float (&d)[N][4]) {

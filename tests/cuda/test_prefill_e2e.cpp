@@ -329,6 +329,11 @@ TEST(PrefillE2E, PipeDqQ4AndBf16) {
     const std::string what = fmt::format("random {}, pipe dq kernel", wformat_name(f));
     check_prompts(cpu_b, *gpu_b, what, seed + 100);
     check_prefill_then_decode(cpu_b, *gpu_b, what, seed + 200);
+    if (f == WFormat::Q4) {  // its 128 x 256 tiles
+      setenv("KESTREL_PIPE_DQ_N", "256", 1);
+      check_prompts(cpu_b, *gpu_b, what + " 256-wide", seed + 100);
+      unsetenv("KESTREL_PIPE_DQ_N");
+    }
   }
 }
 

@@ -736,6 +736,26 @@ TEST(PrefillPipe, DqQ4AndBf16) {
   run_moe(ms, 1000, false, seed++, S, 0, P);
 }
 
+// Its 128 x 256 Q4 tiles (KESTREL_PIPE_DQ_N=256: m64n256 per warpgroup, 128 outputs of gate|up
+// per block), the same shapes.
+TEST(PrefillPipe, DqWideQ4) {
+  REQUIRE_GPU();
+  const PipeMmaEnv e("dq");
+  struct WideEnv {
+    explicit WideEnv(const char* v) { setenv("KESTREL_PIPE_DQ_N", v, 1); }
+    ~WideEnv() { unsetenv("KESTREL_PIPE_DQ_N"); }
+  };
+  {
+    const WideEnv b("512");
+    EXPECT_THROW(prefill_pipe_dq_wide(), Error);
+  }
+  EXPECT_FALSE(prefill_pipe_dq_wide());
+  const WideEnv w("256");
+  ASSERT_TRUE(prefill_pipe_dq_wide());
+  run_pipe_q4_shapes(6680);
+  run_gemm(WFormat::Q4, 300, 300, 512, GemmEpi::SiluMul, 6700, false, PrefillAPrec::Split, PrefillGemmKernel::Pipe);
+}
+
 TEST(PrefillPipe, MoeBlockMatchesCpu) {
   REQUIRE_GPU();
   constexpr auto P = PrefillGemmKernel::Pipe;
