@@ -95,6 +95,7 @@ struct PipeA {
   int64_t rows = 0, K = 0;
   bool valid() const { return hi != nullptr; }
 };
+// lo = sum = nullptr: the hi plane only (all the Dq kernel reads).
 struct PipeSplitArgs {
   const float* A = nullptr;  // fp32 [rows, lda]
   int64_t rows = 0, K = 0, lda = 0;
@@ -379,7 +380,8 @@ inline void prefill_gemm(const PrefillGemmArgs& a, cudaStream_t s) {
     KESTREL_CHECK(prefill_pipe_supports(a.W.fmt, a.K),
                   "prefill_gemm: the Pipe kernel takes Q4 or bf16 weights with K % 512 == 0 (W {}, K {})",
                   dfmt_name(a.W.fmt), a.K);
-    KESTREL_CHECK(a.pipe.K == a.K && a.pipe.lo && (a.W.fmt != DFmt::Q4 || a.pipe.sum) &&
+    const bool dq = prefill_pipe_q4_mma() == PipeMma::Dq && !a.exact;  // (hi plane only)
+    KESTREL_CHECK(a.pipe.K == a.K && (dq || (a.pipe.lo && (a.W.fmt != DFmt::Q4 || a.pipe.sum))) &&
                       al16(a.pipe.hi) && al16(a.pipe.lo) && al16(a.pipe.sum),
                   "prefill_gemm: split A of K {} for K {}, a plane or the sums missing or not 16-byte "
                   "aligned", a.pipe.K, a.K);
@@ -411,8 +413,9 @@ inline void prefill_gemm(const PrefillGemmArgs& a, cudaStream_t s) {
 inline PipeA prefill_pipe_split(const PipeSplitArgs& a, cudaStream_t s) {
   KESTREL_CHECK(a.rows >= 0 && a.K >= 64 && a.K % 64 == 0 && a.lda >= a.K && a.lda % 4 == 0,
                 "prefill_pipe_split: rows {} K {} lda {} (K a multiple of 64)", a.rows, a.K, a.lda);
-  KESTREL_CHECK(a.A && a.hi && a.lo && a.sum && al16(a.A) && al16(a.hi) && al16(a.lo) && al16(a.sum),
-                "prefill_pipe_split: null or not 16-byte aligned buffer");
+  KESTREL_CHECK(a.A && a.hi && (a.lo == nullptr) == (a.sum == nullptr) && al16(a.A) && al16(a.hi) &&
+                    al16(a.lo) && al16(a.sum),
+                "prefill_pipe_split: null or not 16-byte aligned buffer (lo and sum: both or neither)");
   if (a.rows > 0) prefill_pipe_split_launch(a, s);
   return PipeA{a.hi, a.lo, a.sum, a.rows, a.K};
 }

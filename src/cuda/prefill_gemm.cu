@@ -657,18 +657,19 @@ void moe_combine_launch(const MoeCombineArgs& a, cudaStream_t s) {
 namespace {
 
 // Splits a [rows, K] (lda) into b for the Pipe kernel (b.elems >= rows * K, checked by moe_prefill).
+// hi_only: the hi plane alone (every GEMM on it runs on the Dq kernel).
 PipeA split_into(const MoePrefillScratch::PipeBuf& b, const float* a, int64_t rows, int64_t K,
-                 int64_t lda, cudaStream_t s) {
+                 int64_t lda, bool hi_only, cudaStream_t s) {
   PipeSplitArgs sp;
   sp.A = a;
   sp.rows = rows;
   sp.K = K;
   sp.lda = lda;
   sp.hi = b.hi;
-  sp.lo = b.lo;
-  sp.sum = b.sum;
+  sp.lo = hi_only ? nullptr : b.lo;
+  sp.sum = hi_only ? nullptr : b.sum;
   prefill_pipe_split_launch(sp, s);
-  return PipeA{b.hi, b.lo, b.sum, rows, K};
+  return PipeA{sp.hi, sp.lo, sp.sum, rows, K};
 }
 
 // The block's GEMM of fp32 A (rows of lda, or the split pa when the Pipe kernel takes W).
@@ -697,7 +698,9 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   const bool pipe_routed = pipe && prefill_pipe_supports(w.gate.fmt, w.hidden) &&
                            prefill_pipe_supports(w.down.fmt, w.I);
   PipeA ph;
-  if (pipe) ph = split_into(sc.pipe[0], h, T, w.hidden, w.hidden, s);
+  const bool dq = pipe && prefill_pipe_q4_mma() == PipeMma::Dq;
+  // (h's split feeds the router too where the block computes it, on the exact route)
+  if (pipe) ph = split_into(sc.pipe[0], h, T, w.hidden, w.hidden, dq && sc.router_logits_given, s);
   const PipeA* phv = pipe ? &ph : nullptr;
   // Router logits (unless the caller computed them).
   if (!sc.router_logits_given) {
@@ -780,7 +783,7 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   }
   // slot_out[slot] = w_slot * down_e act[p].
   PipeA pact;
-  if (pipe_routed) pact = split_into(sc.pipe[1], sc.act, slots, w.I, w.I, s);
+  if (pipe_routed) pact = split_into(sc.pipe[1], sc.act, slots, w.I, w.I, dq, s);
   PrefillGemmArgs dn;
   dn.M = slots;
   dn.N = w.hidden;
@@ -800,7 +803,7 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
   if (has_shared) {
     PipeA psact;
     const bool pipe_sd = pipe && prefill_pipe_supports(w.shared_down.fmt, w.Is);
-    if (pipe_sd) psact = split_into(sc.pipe[0], sc.sact, T, w.Is, w.Is, s);
+    if (pipe_sd) psact = split_into(sc.pipe[0], sc.sact, T, w.Is, w.Is, dq, s);
     PrefillGemmArgs sd;
     sd.M = T;
     sd.N = w.hidden;

@@ -1275,13 +1275,13 @@ __global__ void __launch_bounds__(kSplitThreads) pipe_split_kernel(const PipeSpl
     whi[16 * lc + 4 * m + t] = hv;
     wlo[16 * lc + 4 * m + t] = pf::pack_bf16(x[m] - pf::bf16_lo(hv), x[m + 4] - pf::bf16_hi(hv));
   }
-  if (ok && (c8 & 7) == 0) a.sum[r * (a.K / 64) + c8 / 8] = part;
+  if (ok && a.sum && (c8 & 7) == 0) a.sum[r * (a.K / 64) + c8 / 8] = part;
   __syncthreads();
   if (!ok) return;
   // Thread tid stores words 4 tid .. 4 tid + 3 (chunk lc, whose four threads are all in range).
   const int64_t w0 = int64_t(blockIdx.x) * kSplitThreads * 4;  // the block's first word
   reinterpret_cast<uint4*>(a.hi)[w0 / 4 + tid] = reinterpret_cast<const uint4*>(whi)[tid];
-  reinterpret_cast<uint4*>(a.lo)[w0 / 4 + tid] = reinterpret_cast<const uint4*>(wlo)[tid];
+  if (a.lo) reinterpret_cast<uint4*>(a.lo)[w0 / 4 + tid] = reinterpret_cast<const uint4*>(wlo)[tid];
 }
 
 std::once_flag g_pipe_once;

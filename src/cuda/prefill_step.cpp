@@ -346,8 +346,10 @@ PipeA PrefillStep::split(const float* a, int64_t lda, int64_t T, int64_t K, cuda
   sp.K = K;
   sp.lda = lda;
   sp.hi = moe_.pipe[0].hi;
-  sp.lo = moe_.pipe[0].lo;
-  sp.sum = moe_.pipe[0].sum;
+  if (prefill_pipe_q4_mma() != PipeMma::Dq) {  // (Dq: the hi plane only)
+    sp.lo = moe_.pipe[0].lo;
+    sp.sum = moe_.pipe[0].sum;
+  }
   return prefill_pipe_split(sp, s);
 }
 

@@ -527,6 +527,19 @@ TEST(PrefillPipe, SplitPlanesAndGroupSums) {
     const auto hi = to_host<uint16_t>(*pb.hi, size_t(rows * K));
     const auto lo = to_host<uint16_t>(*pb.lo, size_t(rows * K));
     const auto sum = to_host<float>(*pb.sum, size_t(rows * K / 64));
+    {  // the hi plane alone (lo = sum = nullptr, the Dq kernel's split): the same hi
+      auto hi_only = poisoned16(size_t(rows * K));
+      PipeSplitArgs a;
+      a.A = dx->as<float>();
+      a.rows = rows;
+      a.K = K;
+      a.lda = lda;
+      a.hi = hi_only->as<uint16_t>();
+      prefill_pipe_split(a, nullptr);
+      EXPECT_EQ(to_host<uint16_t>(*hi_only, size_t(rows * K)), hi) << "rows " << rows;
+      a.sum = pb.sum->as<float>();  // lo and sum: both or neither
+      EXPECT_THROW(prefill_pipe_split(a, nullptr), Error);
+    }
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t pos = 0; pos < K; ++pos) {
         const int64_t c = pos / 32, o = pos % 32, s = o / 16, kp = o % 16;
