@@ -59,6 +59,8 @@ enum class PrefillGemmKernel : uint8_t { Reg, Pipe };
 // Dq (KESTREL_PIPE_MMA=dq) is a different contract, for Q4 and bf16 weights alike: A as its bf16
 // hi plane only and the weights dequantised to bf16 in shared memory (Q4: bf16(q s + b)), one
 // wgmma per k16 step accumulating the whole K (prefill_pipe.cu); a bf16 x bf16 GEMM's numbers.
+// Opt-in only: +44 % at 4K, but the prompt logits miss the end-to-end bound against the fp32
+// oracle (bench/PREFILL_NOTES.md v13), as the fp16-activation route did (v4).
 enum class PipeMma : uint8_t { Wgmma, Ws, Rs, Sync, Dq };
 PipeMma prefill_pipe_q4_mma();
 // The Dq kernel's Q4 tiles: 128 x 128 (the default) or 128 x 256 (m64n256 per warpgroup).

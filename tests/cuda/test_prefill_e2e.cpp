@@ -310,33 +310,6 @@ TEST(PrefillE2E, PipeKernelQ4AndBf16) {
   }
 }
 
-// The same on the dequantising Pipe kernel (KESTREL_PIPE_MMA=dq: bf16 A times bf16 weights).
-TEST(PrefillE2E, PipeDqQ4AndBf16) {
-  REQUIRE_GPU();
-  struct Env {
-    Env() { setenv("KESTREL_PIPE_MMA", "dq", 1); }
-    ~Env() { unsetenv("KESTREL_PIPE_MMA"); }
-  } env;
-  ASSERT_EQ(prefill_pipe_q4_mma(), PipeMma::Dq);
-  const ModelConfig c = small_real_width_config();
-  for (WFormat f : {WFormat::Q4, WFormat::BF16}) {
-    const uint32_t seed = f == WFormat::Q4 ? 17 : 18;
-    const WFormat rf = f == WFormat::Q4 ? WFormat::Q8 : WFormat::BF16;
-    cpu::CpuBackend cpu_b(random_weights(c, f, rf, seed), 0);
-    auto gpu_b = make_cuda_backend(random_weights(c, f, rf, seed), BackendOptions{});
-    set_prefill_aprec(*gpu_b, PrefillAPrec::Split);
-    set_prefill_gemm_choice(*gpu_b, PrefillGemmChoice::Pipe);
-    const std::string what = fmt::format("random {}, pipe dq kernel", wformat_name(f));
-    check_prompts(cpu_b, *gpu_b, what, seed + 100);
-    check_prefill_then_decode(cpu_b, *gpu_b, what, seed + 200);
-    if (f == WFormat::Q4) {  // its 128 x 256 tiles
-      setenv("KESTREL_PIPE_DQ_N", "256", 1);
-      check_prompts(cpu_b, *gpu_b, what + " 256-wide", seed + 100);
-      unsetenv("KESTREL_PIPE_DQ_N");
-    }
-  }
-}
-
 // The committed real-width fixture (4 layers, 16 experts top-8), weights regenerated with
 // core/synth as test_backend.cpp does, bf16 and 4-bit (quantised at load on both backends).
 TEST(PrefillE2E, RealWidthFixture) {
