@@ -54,14 +54,16 @@ enum class PrefillGemmKernel : uint8_t { Reg, Pipe };
 // warpgroups on mbarriers: a fold overlaps the next tile's wgmma), wgmma transposed (C^T = W X^T with
 // the dequantised weights as the register operand: no converted copy in shared memory, two scales
 // per thread and k-tile) or mma.sync (8 warps of 32 x 64; bf16 weights always take it).
-// KESTREL_PIPE_MMA = wgmma | ws | rs | sync | dq, read at each launch (so that tests cover every one);
+// KESTREL_PIPE_MMA = wgmma | ws | rs | sync | dq | pp, read at each launch (so that tests cover every one);
 // anything else is an error.
 // Dq (KESTREL_PIPE_MMA=dq) is a different contract, for Q4 and bf16 weights alike: A as its bf16
 // hi plane only and the weights dequantised to bf16 in shared memory (Q4: bf16(q s + b)), one
 // wgmma per k16 step accumulating the whole K (prefill_pipe.cu); a bf16 x bf16 GEMM's numbers.
 // Opt-in only: +44 % at 4K, but the prompt logits miss the end-to-end bound against the fp32
 // oracle (bench/PREFILL_NOTES.md v13), as the fp16-activation route did (v4).
-enum class PipeMma : uint8_t { Wgmma, Ws, Rs, Sync, Dq };
+// Pp (KESTREL_PIPE_MMA=pp, Q4): the exact numbers (as wgmma) in the Dq kernel's pipeline, each
+// k-tile's integer products in one of two product sets, folded while the next k-tile's wgmma run.
+enum class PipeMma : uint8_t { Wgmma, Ws, Rs, Sync, Dq, Pp };
 PipeMma prefill_pipe_q4_mma();
 // The Dq kernel's Q4 tiles: 128 x 128 (the default) or 128 x 256 (m64n256 per warpgroup).
 // KESTREL_PIPE_DQ_N = 128 | 256; anything else is an error.
@@ -80,7 +82,8 @@ inline const char* prefill_pipe_mma_name(PipeMma m) {
          : m == PipeMma::Ws  ? "ws"
          : m == PipeMma::Rs  ? "rs"
          : m == PipeMma::Sync ? "sync"
-                              : "dq";
+         : m == PipeMma::Dq   ? "dq"
+                              : "pp";
 }
 constexpr int kPipeBM = 128;  // rows per tile of the Pipe kernel (grouped: moe_route's bm)
 constexpr int kPipeTailRows = 64;  // the rs kernel's MoE tail tiles (prefill_pipe_rs_tail)

@@ -36,6 +36,8 @@
 
 #include <algorithm>
 #include <mutex>
+#include <type_traits>
+#include <utility>
 
 namespace kestrel::cuda {
 namespace {
@@ -126,6 +128,43 @@ struct PipeACopies {
     }
   }
 };
+// The biases' share of the Q4 fold, sum_g b[n, g] sum(A)[m, g], as a small MMA GEMM over the
+// K / 64 groups (padded to 16), run while a kernel's first tiles load: the sums split hi + lo like
+// A, the bf16 biases exact, so the products are those of the per-tile fold up to accumulation
+// order. acc[i][nt] is the m16n8 fragment of rows rbase(i) + g (+ 8) and columns 64 half(i) + 8 nt
+// + 2 t (+ 1); a_row(r, ok) and w_row(r) map tile rows to the split A's rows and to weight rows.
+template <class RBase, class Half, class ARow, class WRowOf>
+__device__ __forceinline__ void pipe_bias_share(const PrefillGemmArgs& p, float (&acc)[2][8][4], int64_t KG, int g,
+                                                int t, RBase rbase, Half half, ARow a_row, WRowOf w_row) {
+  const float* sum = p.pipe.sum;
+  for (int k0 = 0; k0 < KG; k0 += 16) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      uint32_t sh[4], sl[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int64_t kk = k0 + 2 * t + 8 * (q >> 1);
+        bool ok;
+        const int64_t srow = a_row(rbase(i) + g + 8 * (q & 1), ok) * KG;
+        float2 v = make_float2(0.f, 0.f);
+        if (ok && kk < KG) v = *reinterpret_cast<const float2*>(sum + srow + kk);
+        sh[q] = pf::pack_bf16(v.x, v.y);
+        sl[q] = pf::pack_bf16(v.x - pf::bf16_lo(sh[q]), v.y - pf::bf16_hi(sh[q]));
+      }
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        const PipeWRow w = w_row(64 * half(i) + 8 * nt + g);
+        const uint16_t* brow = w.m->biases + w.row * KG;
+        const int64_t kk = k0 + 2 * t;
+        const uint32_t b0 = w.ok && kk < KG ? *reinterpret_cast<const uint32_t*>(brow + kk) : 0u;
+        const uint32_t b1 = w.ok && kk + 8 < KG ? *reinterpret_cast<const uint32_t*>(brow + kk + 8) : 0u;
+        pf::mma_bf16(acc[i][nt], sh, b0, b1);
+        pf::mma_bf16(acc[i][nt], sl, b0, b1);
+      }
+    }
+  }
+}
+
 // WG = false: mma.sync, 8 warps as 4 (rows) x 2 (columns) of 32 x 64; WG = true (Q4 only): wgmma,
 // 2 warpgroups of 64 rows x 128 columns. acc[i][nt][4] is, per thread, the m16n8 fragment of
 // rows RB(i) + g + 8 h and columns 64 half(i) + 8 nt + 2 t + e (SiLU: 32 half(i) + ... of the
@@ -243,36 +282,7 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
     pf::cp_async_commit();
   }
   if constexpr (QW) {
-    // The biases' share of the fold, sum_g b[n, g] sum(A)[m, g], as a small MMA GEMM over the
-    // K / 64 groups (padded to 16) while the first tiles load: the sums split hi + lo like A, the
-    // bf16 biases exact, so the products are those of the per-tile fold up to accumulation order.
-    const float* sum = p.pipe.sum;
-    for (int k0 = 0; k0 < KG; k0 += 16) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        uint32_t sh[4], sl[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int64_t kk = k0 + 2 * t + 8 * (q >> 1);
-          bool ok;
-          const int64_t srow = a_row(rbase(i) + g + 8 * (q & 1), ok) * KG;
-          float2 v = make_float2(0.f, 0.f);
-          if (ok && kk < KG) v = *reinterpret_cast<const float2*>(sum + srow + kk);
-          sh[q] = pf::pack_bf16(v.x, v.y);
-          sl[q] = pf::pack_bf16(v.x - pf::bf16_lo(sh[q]), v.y - pf::bf16_hi(sh[q]));
-        }
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          const WRow w = w_row(64 * half(i) + 8 * nt + g);
-          const uint16_t* brow = w.m->biases + w.row * KG;
-          const int64_t kk = k0 + 2 * t;
-          const uint32_t b0 = w.ok && kk < KG ? *reinterpret_cast<const uint32_t*>(brow + kk) : 0u;
-          const uint32_t b1 = w.ok && kk + 8 < KG ? *reinterpret_cast<const uint32_t*>(brow + kk + 8) : 0u;
-          pf::mma_bf16(acc[i][nt], sh, b0, b1);
-          pf::mma_bf16(acc[i][nt], sl, b0, b1);
-        }
-      }
-    }
+    pipe_bias_share(p, acc, KG, g, t, rbase, half, a_row, w_row);
     pf::cp_async_wait<kStages - 1>();  // group P (W tile 0) has landed for this thread
     convert_w(0);
   }
@@ -431,13 +441,15 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_gemm_kernel(const PrefillGem
 // ---------------------------------------------------------------------------------------------
 // Tiles of 128 rows x NB weight rows (NB = 128: two warpgroups of m64n128; NB = 256, Q4 only:
 // m64n256, 128 accumulators per thread, A's copies shared by twice the columns).
-template <DFmt F, int NB>
+// X (PipeMma::Pp, Q4 and 128-wide only): the exact numbers in the same pipeline (below).
+template <DFmt F, int NB, bool X = false>
 struct DqLayout {
   static constexpr bool kQ4 = F == DFmt::Q4;
   static_assert(NB == 128 || (NB == 256 && kQ4), "bf16 weights: 128-column tiles");
-  static constexpr int kStages = !kQ4 ? 5 : NB == 128 ? 6 : 4;
+  static_assert(!X || (kQ4 && NB == 128), "the exact product sets: Q4, 128-wide tiles");
+  static constexpr int kStages = X ? 4 : !kQ4 ? 5 : NB == 128 ? 6 : 4;
   static constexpr int kA = BM * 128, kW = NB * (kQ4 ? 32 : 128);
-  static constexpr int kStage = kA + kW;                // A hi, raw W (Q4 codes or bf16)
+  static constexpr int kStage = (X ? 2 : 1) * kA + kW;  // A hi (X: and lo), raw W (Q4 codes or bf16)
   static constexpr int kConv = kStages * kStage;        // [3][NB][128 B] bf16 W in A's k order
   static constexpr int kChunk = kConv + 3 * NB * 128;   // Q4: [2 chunks][scales, biases][NB][8] bf16
   static constexpr int kBytes = kQ4 ? kChunk + 2 * 2 * NB * 16 : kChunk;
@@ -451,9 +463,15 @@ __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t 
   return r;
 }
 
-template <DFmt F, bool SILU, int NB>
+//
+// X (PipeMma::Pp): the Split route's exact numbers in this pipeline. A as both planes (hi, lo), the
+// Q4 codes converted to exact bf16 integers (no scale), each k-tile's integer products into one
+// of two product sets (k-tile parity) and folded in as acc += s P once wait_group 1 says they are
+// done, i.e. while the next k-tile's wgmma run; the biases' share (sum_g b sum(A)) a small MMA
+// GEMM first, as the wgmma kernel. 192 accumulator registers.
+template <DFmt F, bool SILU, int NB, bool X = false>
 __global__ void __launch_bounds__(kThreads, 1) pipe_dq_kernel(const PrefillGemmArgs p) {
-  using L = DqLayout<F, NB>;
+  using L = DqLayout<F, NB, X>;
   constexpr bool QW = L::kQ4;
   constexpr int S = L::kStages;
   constexpr int NR = NB / 128;  // W rows per thread: wr + 128 i
@@ -510,14 +528,19 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_dq_kernel(const PrefillGemmA
   }
   auto stage = [&](int kt) { return sbase + uint32_t((kt % S) * L::kStage); };
   auto load_a = [&](int kt) {
-    const uint8_t* h = acp.hi;
-    const uint32_t st = stage(kt) + acp.soff;
+    if constexpr (X) {
+      acp.load(stage(kt), kt);  // hi, then lo kA bytes on
+    } else {
+      const uint8_t* h = acp.hi;
+      const uint32_t st = stage(kt) + acp.soff;
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      pf::cp_async16(st + uint32_t(4096 * i), h + size_t(acp.src[i] + int64_t(kt) * BK) * 2, acp.ok[i]);
+      for (int i = 0; i < 4; ++i)
+        pf::cp_async16(st + uint32_t(4096 * i), h + size_t(acp.src[i] + int64_t(kt) * BK) * 2, acp.ok[i]);
+    }
   };
+  constexpr int kWOff = (X ? 2 : 1) * L::kA;  // the raw W's offset in a stage
   auto load_w = [&](int kt) {
-    const uint32_t st = stage(kt) + uint32_t(L::kA);
+    const uint32_t st = stage(kt) + uint32_t(kWOff);
     if constexpr (QW) {
 #pragma unroll
       for (int i = 0; i < NR; ++i) pf::cp_async16(st + uint32_t(wq_off(wr + 128 * i, wc)), w_src[i] + size_t(kt) * 32, w_ok[i]);
@@ -536,9 +559,15 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_dq_kernel(const PrefillGemmA
   // W tile kt (raw, in stage kt % S) -> converted buffer kt % 3: position 32 cc + 8 j + 2 t' + e of a
   // row holds k = 32 cc + 8 t' + j + 4 e (A's permuted order; see the file's head), chunk 4 cc + j.
   auto convert_w = [&](int kt) {
-    const uint8_t* raw = smem + (kt % S) * L::kStage + L::kA;
+    const uint8_t* raw = smem + (kt % S) * L::kStage + kWOff;
     uint8_t* dst = smem + L::kConv + (kt % 3) * NB * 128;
-    if constexpr (QW) {
+    if constexpr (X) {  // exact integers, as the wgmma kernel's conversion
+      const uint4 u = *reinterpret_cast<const uint4*>(raw + wq_off(wr, wc));
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        *reinterpret_cast<uint4*>(dst + a_off(wr, 4 * wc + j)) =
+            make_uint4(q4_pair(u.x, j), q4_pair(u.y, j), q4_pair(u.z, j), q4_pair(u.w, j));
+    } else if constexpr (QW) {
       const uint16_t* ch = reinterpret_cast<const uint16_t*>(smem + L::kChunk) + ((kt / kChunkTiles) & 1) * 2 * NB * 8;
 #pragma unroll
       for (int i = 0; i < NR; ++i) {
@@ -573,6 +602,20 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_dq_kernel(const PrefillGemmA
   for (int j = 0; j < NJ; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+  float pr[X ? 2 : 1][X ? NJ : 1][4];  // X: the integer products of the k-tiles of each parity
+  // X: acc += s * (q . A) of k-tile k from product set P, per W row (column).
+  auto fold = [&](int k, float (&P)[NJ][4]) {
+    const uint16_t* ss = reinterpret_cast<const uint16_t*>(smem + L::kChunk) + ((k / kChunkTiles) & 1) * 2 * NB * 8;
+    const int ci = k % kChunkTiles;
+#pragma unroll
+    for (int j = 0; j < NJ; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float cs = bf16_bits_to_f32(ss[(8 * j + 2 * t + e) * 8 + ci]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) acc[j][2 * h + e] = fmaf(cs, P[j][2 * h + e], acc[j][2 * h + e]);
+      }
+  };
 
   // Groups: P = W tile 0 (and its scale chunk), then group j = A tile j + W tile j + 1.
   load_w(0);
@@ -583,10 +626,20 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_dq_kernel(const PrefillGemmA
     if (s + 1 < KT) load_w(s + 1);
     pf::cp_async_commit();
   }
+  if constexpr (X) {
+    auto a_row = [&](int r, bool& ok) { return pipe_a_row(p, m0, m_end, r, ok); };
+    pipe_bias_share(
+        p, reinterpret_cast<float(&)[2][8][4]>(acc), KG, g, t, [&](int) { return 64 * wg + 16 * (warp & 3); },
+        [](int i) { return i; }, a_row, w_row);
+  }
   pf::cp_async_wait<S - 2>();  // group P landed for this thread ...
   __syncthreads();             // ... and for every thread (the scale chunk is other threads' copy)
   convert_w(0);
-  for (int kt = 0; kt < KT; ++kt) {
+  // One k-tile; PAR = kt % kBlk (X: the product set is PAR % 2).
+  constexpr int kBlk = X ? 4 : 2;
+  auto step = [&](int kt, auto par) {
+    constexpr int PAR = decltype(par)::value;  // kt % kBlk
+    (void)PAR;
     pf::cp_async_wait<S - 3>();  // A tile kt and W tile kt + 1 of this thread landed
     wg::fence_proxy_async();     // its copies and conversion of W tile kt are wgmma's to read
     __syncthreads();             // ... for every thread; every wgmma group up to kt - 2 is done
@@ -602,14 +655,43 @@ __global__ void __launch_bounds__(kThreads, 1) pipe_dq_kernel(const PrefillGemmA
     const uint32_t b = sbase + uint32_t(L::kConv + (kt % 3) * NB * 128);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
-      if constexpr (NB == 256) wg::mma_m64n256k16_bf16(acc, wg::desc_sw128(a + 32 * ks), wg::desc_sw128(b + 32 * ks));
-      else wg::mma_m64n128k16_bf16(acc, wg::desc_sw128(a + 32 * ks), wg::desc_sw128(b + 32 * ks), true);
+      if constexpr (X) {
+        auto& d = pr[PAR % 2];
+        wg::mma_m64n128k16_bf16(d, wg::desc_sw128(a + 32 * ks), wg::desc_sw128(b + 32 * ks), ks > 0);
+        wg::mma_m64n128k16_bf16(d, wg::desc_sw128(a + L::kA + 32 * ks), wg::desc_sw128(b + 32 * ks), true);
+      } else if constexpr (NB == 256) {
+        wg::mma_m64n256k16_bf16(acc, wg::desc_sw128(a + 32 * ks), wg::desc_sw128(b + 32 * ks));
+      } else {
+        wg::mma_m64n128k16_bf16(acc, wg::desc_sw128(a + 32 * ks), wg::desc_sw128(b + 32 * ks), true);
+      }
     }
     wg::commit();
     // Into buffer (kt + 1) % 3, last read by k-tile kt - 2's wgmma (both warpgroups read every
     // buffer, so two buffers would need a second barrier per k-tile).
     if (kt + 1 < KT) convert_w(kt + 1);
-    wg::wait<1>();
+    if constexpr (X) {
+      if constexpr (PAR == kBlk - 1) wg::wait<0>();  // the block's last k-tile (see below)
+      else wg::wait<1>();
+      if constexpr (PAR > 0) {  // k-tile kt - 1's products are done (kt's run meanwhile)
+        wg::fence_acc(pr[1 - PAR % 2]);
+        fold(kt - 1, pr[1 - PAR % 2]);
+      }
+      if constexpr (PAR == kBlk - 1) {
+        wg::fence_acc(pr[PAR % 2]);
+        fold(kt, pr[PAR % 2]);
+      }
+    } else {
+      wg::wait<1>();
+    }
+  };
+  // Blocks of kBlk k-tiles (K % 512 == 0), unrolled: X's two product sets alternate by the
+  // k-tile's parity (a compile-time index, so they stay in registers), and ptxas tracks which
+  // wgmma group a fold reads only within straight-line code, so each block ends with
+  // wait_group 0 (a loop-carried product set gives C7514: every wgmma serialised).
+  for (int kb = 0; kb < KT; kb += kBlk) {
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      (step(kb + I, std::integral_constant<int, I>{}), ...);
+    }(std::make_integer_sequence<int, kBlk>{});
   }
   wg::wait<0>();
   wg::fence_acc(acc);
@@ -1300,12 +1382,12 @@ void launch(const PrefillGemmArgs& a, cudaStream_t s) {
   KCUDA_LAUNCH("prefill_pipe_gemm");
 }
 
-template <DFmt F, bool SILU, int NB>
+template <DFmt F, bool SILU, int NB, bool X = false>
 void launch_dq(const PrefillGemmArgs& a, cudaStream_t s) {
   const unsigned gx = unsigned(SILU ? (a.N + NB / 2 - 1) / (NB / 2) : (a.N + NB - 1) / NB);
   const unsigned gy = unsigned(a.groups > 0 ? a.max_tiles : (a.M + BM - 1) / BM);
-  pipe_dq_kernel<F, SILU, NB><<<dim3(gx, gy), kThreads, DqLayout<F, NB>::kBytes + 1024, s>>>(a);
-  KCUDA_LAUNCH("prefill_pipe_dq_gemm");
+  pipe_dq_kernel<F, SILU, NB, X><<<dim3(gx, gy), kThreads, DqLayout<F, NB, X>::kBytes + 1024, s>>>(a);
+  KCUDA_LAUNCH(X ? "prefill_pipe_pp_gemm" : "prefill_pipe_dq_gemm");
 }
 template <DFmt F, int NB>
 void set_dq_smem() {
@@ -1361,6 +1443,9 @@ void prefill_pipe_init() {
     set_dq_smem<DFmt::Q4, 128>();
     set_dq_smem<DFmt::Q4, 256>();
     set_dq_smem<DFmt::BF16, 128>();
+    constexpr int pp_bytes = DqLayout<DFmt::Q4, 128, true>::kBytes + 1024;
+    KCUDA(cudaFuncSetAttribute(pipe_dq_kernel<DFmt::Q4, false, 128, true>, attr, pp_bytes));
+    KCUDA(cudaFuncSetAttribute(pipe_dq_kernel<DFmt::Q4, true, 128, true>, attr, pp_bytes));
     KCUDA(cudaFuncSetAttribute(pipe_ws_kernel<false>, attr, kWsSmemBytes));
     KCUDA(cudaFuncSetAttribute(pipe_ws_kernel<true>, attr, kWsSmemBytes));
     KCUDA(cudaFuncSetAttribute(pipe_rs_kernel<false, BM>, attr, kRsSmemBytes));
@@ -1382,6 +1467,9 @@ void prefill_pipe_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s) {
   } else if (a.W.fmt == DFmt::Q4) {
     switch (mma) {
       case PipeMma::Dq: break;  // (above)
+      case PipeMma::Pp:
+        silu ? launch_dq<DFmt::Q4, true, 128, true>(a, s) : launch_dq<DFmt::Q4, false, 128, true>(a, s);
+        break;
       case PipeMma::Ws: silu ? launch_ws<true>(a, s) : launch_ws<false>(a, s); break;
       case PipeMma::Rs: silu ? launch_rs<true>(a, s) : launch_rs<false>(a, s); break;
       case PipeMma::Wgmma: silu ? launch<DFmt::Q4, true, true>(a, s) : launch<DFmt::Q4, false, true>(a, s); break;

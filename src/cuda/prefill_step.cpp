@@ -193,8 +193,8 @@ bool prefill_attn_qk_wgmma() { return env_choice("KESTREL_ATTN_QK", {"wgmma", "s
 bool prefill_attn_pv_wgmma() { return env_choice("KESTREL_ATTN_PV", {"wgmma", "sync"}) == 0; }
 
 PipeMma prefill_pipe_q4_mma() {
-  constexpr PipeMma m[] = {PipeMma::Wgmma, PipeMma::Ws, PipeMma::Rs, PipeMma::Sync, PipeMma::Dq};
-  return m[env_choice("KESTREL_PIPE_MMA", {"wgmma", "ws", "rs", "sync", "dq"})];
+  constexpr PipeMma m[] = {PipeMma::Wgmma, PipeMma::Ws, PipeMma::Rs, PipeMma::Sync, PipeMma::Dq, PipeMma::Pp};
+  return m[env_choice("KESTREL_PIPE_MMA", {"wgmma", "ws", "rs", "sync", "dq", "pp"})];
 }
 
 bool prefill_pipe_dq_wide() { return env_choice("KESTREL_PIPE_DQ_N", {"128", "256"}) == 1; }

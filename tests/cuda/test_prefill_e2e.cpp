@@ -310,6 +310,24 @@ TEST(PrefillE2E, PipeKernelQ4AndBf16) {
   }
 }
 
+// The same for the Q4 model on the exact product-set kernel (KESTREL_PIPE_MMA=pp).
+TEST(PrefillE2E, PipeKernelPpQ4) {
+  REQUIRE_GPU();
+  struct Env {
+    Env() { setenv("KESTREL_PIPE_MMA", "pp", 1); }
+    ~Env() { unsetenv("KESTREL_PIPE_MMA"); }
+  } env;
+  ASSERT_EQ(prefill_pipe_q4_mma(), PipeMma::Pp);
+  const ModelConfig c = small_real_width_config();
+  const uint32_t seed = 19;
+  cpu::CpuBackend cpu_b(random_weights(c, WFormat::Q4, WFormat::Q8, seed), 0);
+  auto gpu_b = make_cuda_backend(random_weights(c, WFormat::Q4, WFormat::Q8, seed), BackendOptions{});
+  set_prefill_aprec(*gpu_b, PrefillAPrec::Split);
+  set_prefill_gemm_choice(*gpu_b, PrefillGemmChoice::Pipe);
+  check_prompts(cpu_b, *gpu_b, "random q4, pipe pp kernel", seed + 100);
+  check_prefill_then_decode(cpu_b, *gpu_b, "random q4, pipe pp kernel", seed + 200);
+}
+
 // The committed real-width fixture (4 layers, 16 experts top-8), weights regenerated with
 // core/synth as test_backend.cpp does, bf16 and 4-bit (quantised at load on both backends).
 TEST(PrefillE2E, RealWidthFixture) {

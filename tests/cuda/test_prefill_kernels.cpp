@@ -706,6 +706,19 @@ TEST(PrefillPipe, Q4OnTransposedWgmmaTailTiles) {
   run_moe(ms, 300, true, seed++, S, 0, P);
 }
 
+// The exact numbers in the dequantising kernel's pipeline (KESTREL_PIPE_MMA=pp: two product sets,
+// each k-tile folded while the next one's wgmma run), on the same shapes and the exact bound.
+TEST(PrefillPipe, Q4OnPp) {
+  REQUIRE_GPU();
+  const PipeMmaEnv e("pp");
+  ASSERT_EQ(prefill_pipe_q4_mma(), PipeMma::Pp);
+  run_pipe_q4_shapes(7680);
+  run_gemm(WFormat::Q4, 4096, 264, 2048, GemmEpi::Store, 7700, false, PrefillAPrec::Split, PrefillGemmKernel::Pipe);
+  run_gemm(WFormat::Q4, 129, 2048, 512, GemmEpi::Residual, 7701, false, PrefillAPrec::Split, PrefillGemmKernel::Pipe);
+  // bf16 weights take the mma.sync kernel under this switch, exact as well
+  run_gemm(WFormat::BF16, 65, 200, 512, GemmEpi::Store, 7702, false, PrefillAPrec::Split, PrefillGemmKernel::Pipe);
+}
+
 // The warp-specialised kernel on both of its grids: persistent (the default; fewer blocks than
 // tiles, so every block runs several tiles through the same ring) and one block per tile.
 TEST(PrefillPipe, Q4OnWarpSpecialisedWgmma) {
