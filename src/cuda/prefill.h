@@ -120,7 +120,6 @@ struct PrefillGemmArgs {
   const float* A = nullptr;   // fp32 [*, lda] (staged as `aprec` says), or
   const uint16_t* A16 = nullptr;  // bf16 [*, lda] (the same numbers at half the bytes), or
   PipeA pipe;                     // the fp32 A split for the Pipe kernel (rows indexed as A's)
-  bool exact = false;             // Pipe: the Split route's numbers even under PipeMma::Dq (a router)
   int64_t lda = 0;
   PrefillAPrec aprec = PrefillAPrec::Split;  // fp32 A only
   unsigned* range_flag = nullptr;  // F16: device word, |= 1 when an A element exceeded f16_limit
@@ -385,7 +384,7 @@ inline void prefill_gemm(const PrefillGemmArgs& a, cudaStream_t s) {
     KESTREL_CHECK(prefill_pipe_supports(a.W.fmt, a.K),
                   "prefill_gemm: the Pipe kernel takes Q4 or bf16 weights with K % 512 == 0 (W {}, K {})",
                   dfmt_name(a.W.fmt), a.K);
-    const bool dq = prefill_pipe_q4_mma() == PipeMma::Dq && !a.exact;  // (hi plane only)
+    const bool dq = prefill_pipe_q4_mma() == PipeMma::Dq;  // (hi plane only)
     KESTREL_CHECK(a.pipe.K == a.K && (dq || (a.pipe.lo && (a.W.fmt != DFmt::Q4 || a.pipe.sum))) &&
                       al16(a.pipe.hi) && al16(a.pipe.lo) && al16(a.pipe.sum),
                   "prefill_gemm: split A of K {} for K {}, a plane or the sums missing or not 16-byte "

@@ -699,8 +699,7 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
                            prefill_pipe_supports(w.down.fmt, w.I);
   PipeA ph;
   const bool dq = pipe && prefill_pipe_q4_mma() == PipeMma::Dq;
-  // (h's split feeds the router too where the block computes it, on the exact route)
-  if (pipe) ph = split_into(sc.pipe[0], h, T, w.hidden, w.hidden, dq && sc.router_logits_given, s);
+  if (pipe) ph = split_into(sc.pipe[0], h, T, w.hidden, w.hidden, dq, s);
   const PipeA* phv = pipe ? &ph : nullptr;
   // Router logits (unless the caller computed them).
   if (!sc.router_logits_given) {
@@ -711,8 +710,8 @@ void moe_prefill_launch(const MoePrefillWeights& w, const float* h, int64_t T,
     g.W = w.router;
     g.C = sc.logits;
     g.ldc = w.E;
-    g.exact = true;  // (the experts chosen must not depend on the GEMM's route)
-    block_gemm(g, sc, h, w.hidden, phv, s);
+    // Dq: on the Reg kernel's Split route (the experts chosen must not depend on the GEMM's route)
+    block_gemm(g, sc, h, w.hidden, dq ? nullptr : phv, s);
   }
   MoeRouteArgs r;
   r.logits = sc.logits;

@@ -1458,8 +1458,7 @@ void prefill_pipe_init() {
 void prefill_pipe_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s) {
   prefill_pipe_init();
   const bool silu = a.epi == GemmEpi::SiluMul;
-  PipeMma mma = prefill_pipe_q4_mma();
-  if (mma == PipeMma::Dq && a.exact) mma = PipeMma::Wgmma;  // (bf16 weights: mma.sync, below)
+  const PipeMma mma = prefill_pipe_q4_mma();
   if (mma == PipeMma::Dq) {  // both formats
     if (a.W.fmt != DFmt::Q4) silu ? launch_dq<DFmt::BF16, true, 128>(a, s) : launch_dq<DFmt::BF16, false, 128>(a, s);
     else if (prefill_pipe_dq_wide()) silu ? launch_dq<DFmt::Q4, true, 256>(a, s) : launch_dq<DFmt::Q4, false, 256>(a, s);

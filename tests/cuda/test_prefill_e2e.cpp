@@ -238,10 +238,7 @@ TEST(PrefillE2E, RandomRealWidthQ4) {
 // Attention with P split (KESTREL_ATTN_P=split; the default multiplies P as one bf16 plane).
 TEST(PrefillE2E, AttentionPSplit) {
   REQUIRE_GPU();
-  struct Env {
-    Env() { setenv("KESTREL_ATTN_P", "split", 1); }
-    ~Env() { unsetenv("KESTREL_ATTN_P"); }
-  } env;
+  const ScopedEnv env("KESTREL_ATTN_P", "split");
   ASSERT_TRUE(prefill_attn_p_split());
   const ModelConfig c = small_real_width_config();
   const uint32_t seed = 16;
@@ -278,18 +275,20 @@ TEST(PrefillRoutes, GemmKernelChoice) {
   EXPECT_EQ(prefill_gemm_kernel_for(C::Pipe, S, 1), K::Pipe);
   EXPECT_EQ(prefill_gemm_kernel_for(C::Reg, S, kPrefillMaxChunk), K::Reg);
   for (C c : {C::Reg, C::Pipe, C::Auto}) EXPECT_EQ(prefill_gemm_kernel_for(c, F, kPrefillMaxChunk), K::Reg);
-  const char* old = std::getenv("KESTREL_PREFILL_GEMM");
-  const std::string saved = old ? old : "";
-  unsetenv("KESTREL_PREFILL_GEMM");
-  EXPECT_EQ(prefill_gemm_choice_from_env(), C::Auto);
-  setenv("KESTREL_PREFILL_GEMM", "pipe", 1);
-  EXPECT_EQ(prefill_gemm_choice_from_env(), C::Pipe);
-  setenv("KESTREL_PREFILL_GEMM", "reg", 1);
-  EXPECT_EQ(prefill_gemm_choice_from_env(), C::Reg);
-  setenv("KESTREL_PREFILL_GEMM", "wgmma", 1);
+  {
+    const ScopedEnv e("KESTREL_PREFILL_GEMM", "");  // (empty: the default)
+    EXPECT_EQ(prefill_gemm_choice_from_env(), C::Auto);
+  }
+  {
+    const ScopedEnv e("KESTREL_PREFILL_GEMM", "pipe");
+    EXPECT_EQ(prefill_gemm_choice_from_env(), C::Pipe);
+  }
+  {
+    const ScopedEnv e("KESTREL_PREFILL_GEMM", "reg");
+    EXPECT_EQ(prefill_gemm_choice_from_env(), C::Reg);
+  }
+  const ScopedEnv e("KESTREL_PREFILL_GEMM", "wgmma");
   EXPECT_THROW(prefill_gemm_choice_from_env(), Error);
-  if (old) setenv("KESTREL_PREFILL_GEMM", saved.c_str(), 1);
-  else unsetenv("KESTREL_PREFILL_GEMM");
 }
 
 // The Pipe GEMM kernel (prefill_pipe.cu) on the Split route: every projection it takes (Q4 and
@@ -313,10 +312,7 @@ TEST(PrefillE2E, PipeKernelQ4AndBf16) {
 // The same for the Q4 model on the exact product-set kernel (KESTREL_PIPE_MMA=pp).
 TEST(PrefillE2E, PipeKernelPpQ4) {
   REQUIRE_GPU();
-  struct Env {
-    Env() { setenv("KESTREL_PIPE_MMA", "pp", 1); }
-    ~Env() { unsetenv("KESTREL_PIPE_MMA"); }
-  } env;
+  const ScopedEnv env("KESTREL_PIPE_MMA", "pp");
   ASSERT_EQ(prefill_pipe_q4_mma(), PipeMma::Pp);
   const ModelConfig c = small_real_width_config();
   const uint32_t seed = 19;

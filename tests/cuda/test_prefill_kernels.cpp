@@ -633,9 +633,8 @@ TEST(PrefillPipe, RejectsWhatItDoesNotTake) {
 
 // The Q4 Pipe GEMMs above run on wgmma (the default); the same shapes on the other Q4 kernels
 // (KESTREL_PIPE_MMA=sync | ws | rs), and the switch's refusal of anything else.
-struct PipeMmaEnv {
-  explicit PipeMmaEnv(const char* v) { setenv("KESTREL_PIPE_MMA", v, 1); }
-  ~PipeMmaEnv() { unsetenv("KESTREL_PIPE_MMA"); }
+struct PipeMmaEnv : ScopedEnv {
+  explicit PipeMmaEnv(const char* v) : ScopedEnv("KESTREL_PIPE_MMA", v) {}
 };
 
 void run_pipe_q4_shapes(uint32_t seed) {
@@ -681,16 +680,12 @@ TEST(PrefillPipe, Q4OnTransposedWgmma) {
 TEST(PrefillPipe, Q4OnTransposedWgmmaTailTiles) {
   REQUIRE_GPU();
   const PipeMmaEnv e("rs");
-  struct TailEnv {
-    explicit TailEnv(const char* v) { setenv("KESTREL_PIPE_RS_TAIL", v, 1); }
-    ~TailEnv() { unsetenv("KESTREL_PIPE_RS_TAIL"); }
-  };
   {
-    const TailEnv b("2");
+    const ScopedEnv b("KESTREL_PIPE_RS_TAIL", "2");
     EXPECT_THROW(prefill_pipe_rs_tail(), Error);
   }
   EXPECT_FALSE(prefill_pipe_rs_tail());
-  const TailEnv t("1");
+  const ScopedEnv t("KESTREL_PIPE_RS_TAIL", "1");
   ASSERT_TRUE(prefill_pipe_rs_tail());
   constexpr auto P = PrefillGemmKernel::Pipe;
   constexpr auto S = PrefillAPrec::Split;
@@ -727,22 +722,18 @@ TEST(PrefillPipe, Q4OnWarpSpecialisedWgmma) {
   ASSERT_EQ(prefill_pipe_q4_mma(), PipeMma::Ws);
   ASSERT_EQ(prefill_pipe_ws_grid(), PipeWsGrid::Persistent);
   run_pipe_q4_shapes(1680);
-  struct GridEnv {
-    explicit GridEnv(const char* v) { setenv("KESTREL_PIPE_WS_GRID", v, 1); }
-    ~GridEnv() { unsetenv("KESTREL_PIPE_WS_GRID"); }
-  };
   {
-    const GridEnv b("bogus");
+    const ScopedEnv b("KESTREL_PIPE_WS_GRID", "bogus");
     EXPECT_THROW(prefill_pipe_ws_grid(), Error);
   }
-  const GridEnv t("tiles");
+  const ScopedEnv t("KESTREL_PIPE_WS_GRID", "tiles");
   ASSERT_EQ(prefill_pipe_ws_grid(), PipeWsGrid::Tiles);
   run_pipe_q4_shapes(2680);
 }
 
 // The dequantising kernel (KESTREL_PIPE_MMA=dq): Q4 and bf16 weights, the same shapes as the
 // other Q4 kernels, bf16 weights at the real widths, and the MoE block with Q4 and bf16 experts
-// (the router keeps the exact route: PrefillGemmArgs::exact).
+// (the router, where the block computes it, stays exact on the Reg kernel).
 TEST(PrefillPipe, DqQ4AndBf16) {
   REQUIRE_GPU();
   const PipeMmaEnv e("dq");
@@ -767,16 +758,12 @@ TEST(PrefillPipe, DqQ4AndBf16) {
 TEST(PrefillPipe, DqWideQ4) {
   REQUIRE_GPU();
   const PipeMmaEnv e("dq");
-  struct WideEnv {
-    explicit WideEnv(const char* v) { setenv("KESTREL_PIPE_DQ_N", v, 1); }
-    ~WideEnv() { unsetenv("KESTREL_PIPE_DQ_N"); }
-  };
   {
-    const WideEnv b("512");
+    const ScopedEnv b("KESTREL_PIPE_DQ_N", "512");
     EXPECT_THROW(prefill_pipe_dq_wide(), Error);
   }
   EXPECT_FALSE(prefill_pipe_dq_wide());
-  const WideEnv w("256");
+  const ScopedEnv w("KESTREL_PIPE_DQ_N", "256");
   ASSERT_TRUE(prefill_pipe_dq_wide());
   run_pipe_q4_shapes(6680);
   run_gemm(WFormat::Q4, 300, 300, 512, GemmEpi::SiluMul, 6700, false, PrefillAPrec::Split, PrefillGemmKernel::Pipe);
@@ -1010,36 +997,31 @@ TEST(PrefillAttn, FlashBf16PMatchesCpu) {
     for (int64_t T : {1, 64, 65, 1000}) run_attn(T, 0, seed++, false, wg);
     run_attn(65, 1000, seed++, false, wg);
   }
-  struct Env {
-    const char* name;
-    Env(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-    ~Env() { unsetenv(name); }
-  };
   EXPECT_FALSE(prefill_attn_p_split());
   EXPECT_TRUE(prefill_attn_qk_wgmma());
   EXPECT_TRUE(prefill_attn_pv_wgmma());
   {
-    const Env e("KESTREL_ATTN_PV", "sync");
+    const ScopedEnv e("KESTREL_ATTN_PV", "sync");
     EXPECT_FALSE(prefill_attn_pv_wgmma());
   }
   {
-    const Env e("KESTREL_ATTN_P", "split");
+    const ScopedEnv e("KESTREL_ATTN_P", "split");
     EXPECT_TRUE(prefill_attn_p_split());
   }
   {
-    const Env e("KESTREL_ATTN_P", "bf16");
+    const ScopedEnv e("KESTREL_ATTN_P", "bf16");
     EXPECT_FALSE(prefill_attn_p_split());
   }
   {
-    const Env e("KESTREL_ATTN_P", "bogus");
+    const ScopedEnv e("KESTREL_ATTN_P", "bogus");
     EXPECT_THROW(prefill_attn_p_split(), Error);
   }
   {
-    const Env e("KESTREL_ATTN_QK", "sync");
+    const ScopedEnv e("KESTREL_ATTN_QK", "sync");
     EXPECT_FALSE(prefill_attn_qk_wgmma());
   }
   {
-    const Env e("KESTREL_ATTN_QK", "bogus");
+    const ScopedEnv e("KESTREL_ATTN_QK", "bogus");
     EXPECT_THROW(prefill_attn_qk_wgmma(), Error);
   }
 }
