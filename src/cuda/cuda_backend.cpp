@@ -135,9 +135,12 @@ DMat upload_stacked(DModel& m, Uploader& up, const std::vector<const Mat*>& part
   d.fmt = to_dfmt(p0.fmt, what);
   d.cols = p0.cols;
   d.group = p0.group;
-  for (const Mat* p : parts) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Mat* p = parts[i];
     KESTREL_CHECK(p->valid() && p->fmt == p0.fmt && p->cols == p0.cols && p->group == p0.group,
-                  "CUDA backend: parts of {} differ in format or width", what);
+                  "CUDA backend: {} is stored as one matrix, but its part {} differs from part 0 "
+                  "in format, width or group size ({} x {} group {} against {} x {} group {})",
+                  what, i, p->rows, p->cols, p->group, p0.rows, p0.cols, p0.group);
     d.rows += p->rows;
   }
   if (d.fmt != DFmt::BF16)
@@ -208,10 +211,11 @@ std::unique_ptr<DModel> upload_model(const ModelWeights& w, cudaStream_t s) {
     d.input_norm = upload_vec(*m, l.input_norm, H, "input_layernorm");
     d.post_norm = upload_vec(*m, l.post_norm, H, "post_attention_layernorm");
     if (l.kind == LayerKind::LinearAttention) {
-      d.qkv = upload(*m, up, l.gdn.in_proj_qkv, "in_proj_qkv");
-      d.z = upload(*m, up, l.gdn.in_proj_z, "in_proj_z");
-      d.b = upload(*m, up, l.gdn.in_proj_b, "in_proj_b");
-      d.a = upload(*m, up, l.gdn.in_proj_a, "in_proj_a");
+      // One matrix (the prompt's one GEMM; the checkpoints store the four in one format).
+      d.in_proj = upload_stacked(*m, up, {&l.gdn.in_proj_qkv, &l.gdn.in_proj_z, &l.gdn.in_proj_b,
+                                          &l.gdn.in_proj_a},
+                                 "linear_attn.in_proj_qkv|z|b|a");
+      split_gdn_in_proj(d, c);
       d.out = upload(*m, up, l.gdn.out_proj, "out_proj");
       d.conv_w = upload_vec(*m, l.gdn.conv1d, size_t(c.gdn_conv_dim()) * 4, "conv1d");
       d.A_log = upload_vec(*m, l.gdn.A_log, size_t(c.linear_num_value_heads), "A_log");
@@ -314,10 +318,8 @@ std::unique_ptr<DModel> synth_model(const ModelConfig& c, const std::string& kin
     d.post_norm = g.vec(size_t(H), 0.9f, 1.1f);
     if (d.kind == LayerKind::LinearAttention) {
       const int64_t Hv = c.linear_num_value_heads, VD = c.gdn_value_dim();
-      d.qkv = g.mat(c.gdn_conv_dim(), H, F);
-      d.z = g.mat(VD, H, F);
-      d.b = g.mat(Hv, H, F);
-      d.a = g.mat(Hv, H, F);
+      d.in_proj = g.mat(c.gdn_conv_dim() + VD + 2 * Hv, H, F);
+      split_gdn_in_proj(d, c);
       d.out = g.mat(H, VD, F);
       d.conv_w = g.vec(size_t(c.gdn_conv_dim()) * 4, -0.5f, 0.5f);
       d.A_log = g.vec(size_t(Hv), 0.f, 2.7f);

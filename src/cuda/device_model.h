@@ -57,8 +57,9 @@ struct DLayer {
   LayerKind kind = LayerKind::LinearAttention;
   float* input_norm = nullptr;  // fp32 [hidden]
   float* post_norm = nullptr;   // fp32 [hidden]
-  // GDN
-  DMat qkv, z, b, a, out;
+  // GDN. in_proj is in_proj_qkv|z|b|a stacked by rows (the prompt's one GEMM over h);
+  // qkv, z, b, a are row blocks of it (the decode GEMV's segments).
+  DMat in_proj, qkv, z, b, a, out;
   float* conv_w = nullptr;   // fp32 [conv_dim, 4]
   float* A_log = nullptr;    // fp32 [Hv]
   float* dt_bias = nullptr;  // fp32 [Hv]
@@ -70,6 +71,31 @@ struct DLayer {
   // MoE (experts stacked: gate/up [E*I, hidden], down [E*hidden, I])
   DMat router, gate, up, down, sh_gate, sh_up, sh_down, sh_egate;
 };
+
+// Rows [r0, r0 + n) of m, as a matrix of its own (a view: nothing copied).
+inline DMat row_block(const DMat& m, int64_t r0, int64_t n) {
+  KESTREL_CHECK(r0 >= 0 && n >= 0 && r0 + n <= m.rows, "row_block: rows [{}, {}) of a {}-row matrix",
+                r0, r0 + n, m.rows);
+  DMat v = m;
+  v.rows = n;
+  v.data = static_cast<const uint8_t*>(m.data) + m.row_bytes() * size_t(r0);
+  if (m.fmt != DFmt::BF16) {
+    const size_t gpr = size_t(m.cols / m.group);
+    v.scales = m.scales + gpr * size_t(r0);
+    v.biases = m.biases + gpr * size_t(r0);
+  }
+  return v;
+}
+// The GDN in_proj's row blocks (qkv, z, b, a) set from d.in_proj.
+inline void split_gdn_in_proj(DLayer& d, const ModelConfig& c) {
+  const int64_t C = c.gdn_conv_dim(), VD = c.gdn_value_dim(), Hv = c.linear_num_value_heads;
+  KESTREL_CHECK(d.in_proj.rows == C + VD + 2 * Hv, "GDN in_proj has {} rows, expected {}",
+                d.in_proj.rows, C + VD + 2 * Hv);
+  d.qkv = row_block(d.in_proj, 0, C);
+  d.z = row_block(d.in_proj, C, VD);
+  d.b = row_block(d.in_proj, C + VD, Hv);
+  d.a = row_block(d.in_proj, C + VD + Hv, Hv);
+}
 
 struct DModel {
   ModelConfig cfg;

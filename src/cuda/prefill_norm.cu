@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(256) gated_norm_kernel(const PrefillGatedNormA
   const int64_t r = int64_t(blockIdx.x) * 8 + warp;
   if (r >= a.rows) return;
   const float* o = a.o + r * a.n;
-  const float* z = a.z + r * a.n;
+  const float* z = a.z_heads ? a.z + (r / a.z_heads) * a.ldz + (r % a.z_heads) * a.n : a.z + r * a.n;
   float ss = 0.f;
   for (int64_t i = int64_t(lane) * 4; i < a.n; i += 128) {
     const float4 v = *reinterpret_cast<const float4*>(o + i);

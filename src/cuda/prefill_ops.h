@@ -37,7 +37,8 @@ void prefill_rmsnorm_launch(const PrefillRmsNormArgs& a, cudaStream_t s);
 struct PrefillGatedNormArgs {
   int64_t rows = 0, n = 0;
   const float* o = nullptr;
-  const float* z = nullptr;
+  const float* z = nullptr;  // dense like o, or (z_heads > 0) row r at z + (r / z_heads) * ldz + (r % z_heads) * n
+  int64_t z_heads = 0, ldz = 0;
   const float* w = nullptr;  // [n]
   float eps = 1e-6f;
   float* y = nullptr;
@@ -121,6 +122,9 @@ inline void prefill_gated_norm(const PrefillGatedNormArgs& a, cudaStream_t s) {
   KESTREL_CHECK(al(a.o, 16) && al(a.z, 16) && al(a.w, 16) && (!a.y || al(a.y, 16)) &&
                     (!a.y16 || al(a.y16, 8)),
                 "prefill_gated_norm: o, z, w, y need 16-byte and y16 8-byte alignment");
+  KESTREL_CHECK(a.z_heads == 0 || (a.z_heads > 0 && a.ldz >= a.z_heads * a.n && a.ldz % 4 == 0),
+                "prefill_gated_norm: z_heads {} ldz {} (ldz >= z_heads * n = {}, a multiple of 4)",
+                a.z_heads, a.ldz, a.z_heads * a.n);
   KESTREL_CHECK(a.rows / 8 < (int64_t(1) << 31), "prefill_gated_norm: {} rows too many", a.rows);
   if (a.rows > 0) prefill_gated_norm_launch(a, s);
 }

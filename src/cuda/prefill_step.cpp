@@ -19,7 +19,7 @@ namespace {
 // allocate and to report the size before allocating).
 struct ScratchPlan {
   // fp32 buffers
-  size_t x, hn, qkv, u, z, b, a, o, qg, k, v, attn, logits;
+  size_t x, hn, proj, u, o, qg, k, v, attn, logits;
   size_t gdn_bytes;
   size_t y;
   // bf16 buffers
@@ -39,11 +39,8 @@ struct ScratchPlan {
     const size_t E = size_t(c.num_experts), K = size_t(c.num_experts_per_tok);
     x = T * H;
     hn = T * H;
-    qkv = T * C;
+    proj = T * (C + VD + 2 * Hv);
     u = T * C;
-    z = T * VD;
-    b = T * Hv;
-    a = T * Hv;
     o = T * VD;
     y = T * VD;
     gdn_bytes = prefill_gdn_scratch_bytes(Tm, int(Hv));
@@ -68,7 +65,7 @@ struct ScratchPlan {
     pipe_y = T * K * size_t(c.moe_intermediate_size);
   }
   size_t bytes() const {
-    const size_t f32 = x + hn + qkv + u + z + b + a + o + qg + k + v + attn + logits + moe_logits +
+    const size_t f32 = x + hn + proj + u + o + qg + k + v + attn + logits + moe_logits +
                        moe_slots /* topk_w */ + moe_slot_out + moe_shared + moe_sgate + y + moe_act + moe_sact +
                        (pipe_x + pipe_y) / 64 /* split-A sums */;
     const size_t i32 = 2 * moe_slots /* topk_idx, sorted */ + 4 * moe_e1 /* counts, offsets, tails */ + flag;
@@ -103,11 +100,8 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   const ScratchPlan p(c, max_chunk);
   buf_.x = take<float>(p.x);
   buf_.hn = take<float>(p.hn);
-  buf_.qkv = take<float>(p.qkv);
+  buf_.proj = take<float>(p.proj);
   buf_.u = take<float>(p.u);
-  buf_.z = take<float>(p.z);
-  buf_.b = take<float>(p.b);
-  buf_.a = take<float>(p.a);
   buf_.o = take<float>(p.o);
   buf_.y = take<float>(p.y);
   buf_.gdn = take<float>(p.gdn_bytes / 4);
@@ -382,15 +376,16 @@ void PrefillStep::gdn_layer(const DLayer& d, DSeq& sq, int l, int64_t T, cudaStr
   const int64_t H = c.hidden_size, C = c.gdn_conv_dim(), VD = c.gdn_value_dim();
   const int Hv = c.linear_num_value_heads;
   const PipeA ph = split(buf_.hn, H, T, H, s);
-  gemm(ph, buf_.hn, H, T, d.qkv, buf_.qkv, C, GemmEpi::Store, s);
-  gemm(ph, buf_.hn, H, T, d.z, buf_.z, VD, GemmEpi::Store, s);
-  gemm(ph, buf_.hn, H, T, d.b, buf_.b, Hv, GemmEpi::Store, s);
-  gemm(ph, buf_.hn, H, T, d.a, buf_.a, Hv, GemmEpi::Store, s);
+  // One GEMM for q|k|v, z, b, a (rows of P = C + VD + 2 Hv floats).
+  const int64_t P = d.in_proj.rows;
+  gemm(ph, buf_.hn, H, T, d.in_proj, buf_.proj, P, GemmEpi::Store, s);
+  const float* z = buf_.proj + C;
+  const float* b = z + VD;
   PrefillConvArgs cv;
   cv.T = T;
   cv.C = C;
-  cv.x = buf_.qkv;
-  cv.ldx = C;
+  cv.x = buf_.proj;
+  cv.ldx = P;
   cv.w = d.conv_w;
   cv.state = sq.conv[size_t(l)];
   cv.u = buf_.u;
@@ -399,9 +394,9 @@ void PrefillStep::gdn_layer(const DLayer& d, DSeq& sq, int l, int64_t T, cudaStr
   g.T = T;
   g.u = buf_.u;
   g.ldu = C;
-  g.b = buf_.b;
-  g.a = buf_.a;
-  g.ldb = g.lda = Hv;
+  g.b = b;
+  g.a = b + Hv;
+  g.ldb = g.lda = P;
   g.A_log = d.A_log;
   g.dt_bias = d.dt_bias;
   g.state = sq.rec[size_t(l)];
@@ -416,7 +411,9 @@ void PrefillStep::gdn_layer(const DLayer& d, DSeq& sq, int l, int64_t T, cudaStr
   gn.rows = T * Hv;
   gn.n = c.linear_value_head_dim;
   gn.o = buf_.o;
-  gn.z = buf_.z;
+  gn.z = z;
+  gn.z_heads = Hv;
+  gn.ldz = P;
   gn.w = d.gnorm;
   gn.eps = c.rms_norm_eps;
   gn.y = buf_.y;

@@ -6,7 +6,7 @@
 // Per chunk of T tokens at positions pos0..pos0+T-1 (docs/kernels/prefill_kernels.md):
 //   x = embed[history[pos0..]]
 //   per layer: h = rmsnorm(x, input_norm) (in hn)
-//     GDN:  qkv|z|b|a = h W^T; u = silu(conv(qkv)) (window carried); o = delta rule (chunk 64,
+//     GDN:  qkv|z|b|a = h W^T (one GEMM); u = silu(conv(qkv)) (window carried); o = delta rule (chunk 64,
 //           state carried); y = gnorm * rmsnorm(o) * silu(z) (per head); x += y out^T
 //     attn: qg|k|v = h W^T; q/k norm + RoPE, k/v appended to the cache, causal flash attention with
 //           the sigmoid gate; x += attn o^T
@@ -88,11 +88,8 @@ class PrefillStep {
     float* x;          // [Tm, hidden] residual stream
     float* hn;         // [Tm, hidden] normed MoE input, fp32 (also final norm, last row)
     // GDN
-    float* qkv;        // [Tm, conv_dim] pre-conv projections
+    float* proj;       // [Tm, conv_dim + value_dim + 2 Hv] h in_proj^T: pre-conv q|k|v, then z, b, a
     float* u;          // [Tm, conv_dim] post-conv q|k|v
-    float* z;          // [Tm, value_dim]
-    float* b;          // [Tm, Hv]
-    float* a;          // [Tm, Hv]
     float* o;          // [Tm, value_dim] delta-rule output
     float* y;          // [Tm, value_dim] gated-norm output
     float* gdn;        // prefill_gdn_scratch_bytes(Tm, Hv)

@@ -9,6 +9,7 @@
 #include "util.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 namespace kestrel::cuda::test {
@@ -105,6 +106,20 @@ TEST(PrefillOps, GatedNormMatchesCpu) {
     const std::string what = fmt::format("prefill_gated_norm T={}", T);
     expect_close(to_host<float>(*dy, want.size()), want, 1e-6f, 1e-5f, what + " fp32");
     expect_bf16_of(from_bf16(to_host<uint16_t>(*dy16, want.size())), want, 1e-6f, what + " bf16");
+    // z as a column block of a wider row (the prompt's in_proj output: q|k|v, z, b, a), NaN around.
+    const int64_t ldz = Hv * dv + 72, z0 = 8;
+    std::vector<float> zw(size_t(T * ldz), std::numeric_limits<float>::quiet_NaN());
+    for (int64_t t = 0; t < T; ++t)
+      std::copy_n(z.begin() + t * Hv * dv, Hv * dv, zw.begin() + t * ldz + z0);
+    auto dzw = to_dev(zw);
+    auto dy2 = poisoned(want.size());
+    a.z = dzw->as<float>() + z0;
+    a.z_heads = Hv;
+    a.ldz = ldz;
+    a.y = dy2->as<float>();
+    a.y16 = nullptr;
+    prefill_gated_norm(a, nullptr);
+    expect_close(to_host<float>(*dy2, want.size()), want, 1e-6f, 1e-5f, what + " strided z");
   }
 }
 
@@ -263,6 +278,10 @@ TEST(PrefillOps, RejectBadArguments) {
   gn.w = nullptr;
   gn.y = dy->as<float>();
   EXPECT_THROW(prefill_gated_norm(gn, nullptr), Error);
+  gn.w = dx->as<float>();
+  gn.z_heads = 32;
+  gn.ldz = 32 * 128 - 4;
+  EXPECT_THROW(prefill_gated_norm(gn, nullptr), Error);  // z rows overlap
   KCUDA(cudaDeviceSynchronize());
 }
 
