@@ -222,9 +222,9 @@ std::unique_ptr<DModel> upload_model(const ModelWeights& w, cudaStream_t s) {
       d.dt_bias = upload_vec(*m, l.gdn.dt_bias, size_t(c.linear_num_value_heads), "dt_bias");
       d.gnorm = upload_vec(*m, l.gdn.norm, size_t(c.linear_value_head_dim), "linear_attn.norm");
     } else {
-      d.q = upload(*m, up, l.attn.q_proj, "q_proj");
-      d.k = upload(*m, up, l.attn.k_proj, "k_proj");
-      d.v = upload(*m, up, l.attn.v_proj, "v_proj");
+      d.attn_in = upload_stacked(*m, up, {&l.attn.q_proj, &l.attn.k_proj, &l.attn.v_proj},
+                                 "self_attn.q_proj|k_proj|v_proj");
+      split_attn_in(d, c);
       d.o = upload(*m, up, l.attn.o_proj, "o_proj");
       d.q_norm = upload_vec(*m, l.attn.q_norm, size_t(c.head_dim), "q_norm");
       d.k_norm = upload_vec(*m, l.attn.k_norm, size_t(c.head_dim), "k_norm");
@@ -327,9 +327,8 @@ std::unique_ptr<DModel> synth_model(const ModelConfig& c, const std::string& kin
       d.gnorm = g.vec(size_t(c.linear_value_head_dim), 0.9f, 1.1f);
     } else {
       const int64_t nh = c.num_attention_heads, kv = c.num_kv_heads, D = c.head_dim;
-      d.q = g.mat(nh * 2 * D, H, F);
-      d.k = g.mat(kv * D, H, F);
-      d.v = g.mat(kv * D, H, F);
+      d.attn_in = g.mat((nh * 2 + 2 * kv) * D, H, F);
+      split_attn_in(d, c);
       d.o = g.mat(H, nh * D, F);
       d.q_norm = g.vec(size_t(D), 0.9f, 1.1f);
       d.k_norm = g.vec(size_t(D), 0.9f, 1.1f);

@@ -64,8 +64,9 @@ struct DLayer {
   float* A_log = nullptr;    // fp32 [Hv]
   float* dt_bias = nullptr;  // fp32 [Hv]
   float* gnorm = nullptr;    // fp32 [dv]
-  // attention
-  DMat q, k, v, o;
+  // attention. attn_in is q_proj|k_proj|v_proj stacked by rows (the prompt's one GEMM);
+  // q, k, v are row blocks of it.
+  DMat attn_in, q, k, v, o;
   float* q_norm = nullptr;   // fp32 [head_dim]
   float* k_norm = nullptr;
   // MoE (experts stacked: gate/up [E*I, hidden], down [E*hidden, I])
@@ -95,6 +96,17 @@ inline void split_gdn_in_proj(DLayer& d, const ModelConfig& c) {
   d.z = row_block(d.in_proj, C, VD);
   d.b = row_block(d.in_proj, C + VD, Hv);
   d.a = row_block(d.in_proj, C + VD + Hv, Hv);
+}
+
+// The attention layer's row blocks (q|gate, k, v) set from d.attn_in.
+inline void split_attn_in(DLayer& d, const ModelConfig& c) {
+  const int64_t QG = int64_t(c.num_attention_heads) * 2 * c.head_dim,
+                KV = int64_t(c.num_kv_heads) * c.head_dim;
+  KESTREL_CHECK(d.attn_in.rows == QG + 2 * KV, "attention q|k|v has {} rows, expected {}",
+                d.attn_in.rows, QG + 2 * KV);
+  d.q = row_block(d.attn_in, 0, QG);
+  d.k = row_block(d.attn_in, QG, KV);
+  d.v = row_block(d.attn_in, QG + KV, KV);
 }
 
 struct DModel {

@@ -301,6 +301,7 @@ struct PrefillAttnArgs {
   const float* qg = nullptr;
   const float* k = nullptr;
   const float* v = nullptr;
+  int64_t ld = 0;               // row stride of qg, k and v (one buffer); 0: each dense at its own width
   const float* q_norm = nullptr;
   const float* k_norm = nullptr;
   float eps = 1e-6f;
@@ -540,6 +541,9 @@ inline void prefill_attn(const PrefillAttnArgs& a, cudaStream_t s) {
                 a.capacity);
   KESTREL_CHECK(a.qg && a.k && a.v && a.q_norm && a.k_norm && a.qbuf && a.kcache && a.vcache && a.out,
                 "prefill_attn: null buffer");
+  KESTREL_CHECK(a.ld == 0 || a.ld >= int64_t(a.heads) * 2 * a.head_dim,
+                "prefill_attn: row stride {} narrower than q|gate ({})", a.ld,
+                int64_t(a.heads) * 2 * a.head_dim);
   auto al = [](const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; };
   KESTREL_CHECK(al(a.qbuf, 16) && al(a.kcache, 16) && al(a.vcache, 16) && al(a.out, 8),
                 "prefill_attn: qbuf/kcache/vcache need 16-byte, out 8-byte alignment");

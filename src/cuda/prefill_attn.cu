@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a)
   if (row < nq) {
     t = row / a.heads;
     const int h = int(row % a.heads);
-    src = a.qg + t * (int64_t(a.heads) * 2 * D) + int64_t(h) * 2 * D;
+    src = a.qg + t * (a.ld ? a.ld : int64_t(a.heads) * 2 * D) + int64_t(h) * 2 * D;
     w = a.q_norm;
     dst = a.qbuf + (t * a.heads + h) * D;
     dst_lo = dst + a.T * a.heads * D;
@@ -67,14 +67,14 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a)
     const int64_t r = row - nq;
     t = r / a.kv_heads;
     const int h = int(r % a.kv_heads);
-    src = a.k + t * (int64_t(a.kv_heads) * D) + int64_t(h) * D;
+    src = a.k + t * (a.ld ? a.ld : int64_t(a.kv_heads) * D) + int64_t(h) * D;
     w = a.k_norm;
     dst = a.kcache + ((a.pos0 + t) * a.kv_heads + h) * D;
   } else {
     const int64_t r = row - nq - nk;
     t = r / a.kv_heads;
     const int h = int(r % a.kv_heads);
-    src = a.v + t * (int64_t(a.kv_heads) * D) + int64_t(h) * D;
+    src = a.v + t * (a.ld ? a.ld : int64_t(a.kv_heads) * D) + int64_t(h) * D;
     dst = a.vcache + ((a.pos0 + t) * a.kv_heads + h) * D;
   }
   float x[8];
@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
     if (t >= a.T) continue;
     const float inv = 1.f / lrow[hh];
     float* out = a.out + t * (int64_t(a.heads) * D) + int64_t(h) * D;
-    const float* gate = a.qg + t * (int64_t(a.heads) * 2 * D) + int64_t(h) * 2 * D + D;
+    const float* gate = a.qg + t * (a.ld ? a.ld : int64_t(a.heads) * 2 * D) + int64_t(h) * 2 * D + D;
 #pragma unroll
     for (int n = 0; n < 32; ++n) {
       const int d = n * 8 + 2 * (lane & 3);

@@ -19,7 +19,7 @@ namespace {
 // allocate and to report the size before allocating).
 struct ScratchPlan {
   // fp32 buffers
-  size_t x, hn, proj, u, o, qg, k, v, attn, logits;
+  size_t x, hn, proj, u, o, attn, logits;
   size_t gdn_bytes;
   size_t y;
   // bf16 buffers
@@ -39,14 +39,11 @@ struct ScratchPlan {
     const size_t E = size_t(c.num_experts), K = size_t(c.num_experts_per_tok);
     x = T * H;
     hn = T * H;
-    proj = T * (C + VD + 2 * Hv);
+    proj = T * std::max(C + VD + 2 * Hv, (2 * nh + 2 * kv) * D);  // GDN in_proj | attention q|k|v
     u = T * C;
     o = T * VD;
     y = T * VD;
     gdn_bytes = prefill_gdn_scratch_bytes(Tm, int(Hv));
-    qg = T * nh * 2 * D;
-    k = T * kv * D;
-    v = T * kv * D;
     qbuf = 2 * T * nh * D;  // hi and lo parts
     attn = T * nh * D;
     logits = size_t(std::max<int64_t>(kLogitRows, 1)) * size_t(c.vocab_size);
@@ -65,7 +62,7 @@ struct ScratchPlan {
     pipe_y = T * K * size_t(c.moe_intermediate_size);
   }
   size_t bytes() const {
-    const size_t f32 = x + hn + proj + u + o + qg + k + v + attn + logits + moe_logits +
+    const size_t f32 = x + hn + proj + u + o + attn + logits + moe_logits +
                        moe_slots /* topk_w */ + moe_slot_out + moe_shared + moe_sgate + y + moe_act + moe_sact +
                        (pipe_x + pipe_y) / 64 /* split-A sums */;
     const size_t i32 = 2 * moe_slots /* topk_idx, sorted */ + 4 * moe_e1 /* counts, offsets, tails */ + flag;
@@ -105,9 +102,6 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   buf_.o = take<float>(p.o);
   buf_.y = take<float>(p.y);
   buf_.gdn = take<float>(p.gdn_bytes / 4);
-  buf_.qg = take<float>(p.qg);
-  buf_.k = take<float>(p.k);
-  buf_.v = take<float>(p.v);
   buf_.qbuf = take<uint16_t>(p.qbuf);
   buf_.attn = take<float>(p.attn);
   buf_.logits = take<float>(p.logits);
@@ -428,16 +422,17 @@ void PrefillStep::attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int
   const int64_t QG = int64_t(c.num_attention_heads) * 2 * D, KV = int64_t(c.num_kv_heads) * D,
                 AO = int64_t(c.num_attention_heads) * D;
   const PipeA ph = split(buf_.hn, H, T, H, s);
-  gemm(ph, buf_.hn, H, T, d.q, buf_.qg, QG, GemmEpi::Store, s);
-  gemm(ph, buf_.hn, H, T, d.k, buf_.k, KV, GemmEpi::Store, s);
-  gemm(ph, buf_.hn, H, T, d.v, buf_.v, KV, GemmEpi::Store, s);
+  // One GEMM for q|gate, k, v (rows of P = QG + 2 KV floats).
+  const int64_t P = d.attn_in.rows;
+  gemm(ph, buf_.hn, H, T, d.attn_in, buf_.proj, P, GemmEpi::Store, s);
   PrefillAttnArgs a;
   a.T = T;
   a.pos0 = pos0;
   a.capacity = sq.capacity;
-  a.qg = buf_.qg;
-  a.k = buf_.k;
-  a.v = buf_.v;
+  a.qg = buf_.proj;
+  a.k = buf_.proj + QG;
+  a.v = buf_.proj + QG + KV;
+  a.ld = P;
   a.q_norm = d.q_norm;
   a.k_norm = d.k_norm;
   a.eps = c.rms_norm_eps;

@@ -88,15 +88,13 @@ class PrefillStep {
     float* x;          // [Tm, hidden] residual stream
     float* hn;         // [Tm, hidden] normed MoE input, fp32 (also final norm, last row)
     // GDN
-    float* proj;       // [Tm, conv_dim + value_dim + 2 Hv] h in_proj^T: pre-conv q|k|v, then z, b, a
+    float* proj;       // GDN: [Tm, conv_dim + value_dim + 2 Hv] h in_proj^T (pre-conv q|k|v, z, b, a);
+                       // attention: [Tm, heads * 2 * head_dim + 2 kv_heads * head_dim] q|gate, k, v
     float* u;          // [Tm, conv_dim] post-conv q|k|v
     float* o;          // [Tm, value_dim] delta-rule output
     float* y;          // [Tm, value_dim] gated-norm output
     float* gdn;        // prefill_gdn_scratch_bytes(Tm, Hv)
     // attention
-    float* qg;         // [Tm, heads * 2 * head_dim]
-    float* k;          // [Tm, kv_heads * head_dim]
-    float* v;          // [Tm, kv_heads * head_dim]
     uint16_t* qbuf;    // [2, Tm, heads * head_dim] bf16: q's hi and lo parts
     float* attn;       // [Tm, heads * head_dim]
     // logits
