@@ -1,5 +1,5 @@
 // Tensor-core helpers of the prefill kernels (device code: include from .cu files only):
-// ldmatrix and mma.sync m16n8k16 (bf16 or fp16 in, fp32 acc).
+// ldmatrix, mma.sync m16n8k16 (bf16 or fp16 in, fp32 acc) and m16n8k8 tf32.
 #pragma once
 #ifndef __CUDACC__
 #error "prefill_mma.h is device code: include it from .cu files only"
@@ -74,6 +74,19 @@ __device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+// x = hi + lo, each a tf32 (round to nearest): |x - hi - lo| <= ~2^-22 |x|.
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
+  const float r = x - __uint_as_float(hi);
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(r));
+}
+// d += a * b, mma.sync m16n8k8 tf32 (fp32 accumulation); a: 4 regs (16 x 8, row), b: 2 (8 x 8, col).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }

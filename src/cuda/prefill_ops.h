@@ -69,11 +69,18 @@ struct PrefillSeqEndArgs {
 void prefill_seq_end_launch(const PrefillSeqEndArgs& a, cudaStream_t s);
 
 // ---------------------------------------------------------------------------------------------
-// Exact fp32 GEMM on CUDA cores: C[m, n] = sum_k A[m, k] * W[n, k], A fp32 [M, lda], W any DMat
-// format dequantised exactly (q * scale + bias in fp32: the product of a bf16 scale and an 8-bit
-// code is exact, so this is the CPU's value), fp32 accumulation, C fp32 [M, ldc]. For small
-// T * N * K work where bf16 rounding must not change a discrete choice (router top-k, argmax).
+// Exact fp32 GEMM: C[m, n] = sum_k A[m, k] * W[n, k], A fp32 [M, lda], W any DMat format
+// dequantised exactly (q * scale + bias: the product of a bf16 scale and an 8-bit code is exact,
+// so this is the CPU's value), fp32 accumulation, C fp32 [M, ldc]. For small T * N * K work where
+// bf16 rounding must not change a discrete choice (router top-k, argmax). Two routes
+// (prefill_f32gemm.cu): Tc, tensor cores with A as two tf32 halves and W exact (~2^-22 relative
+// per term; K % 64 == 0), and Fma, one fmaf chain per output on CUDA cores.
+enum class F32GemmRoute : uint8_t { Tc, Fma };
+const char* f32gemm_route_name(F32GemmRoute r);
+// KESTREL_ROUTER_GEMM = tc (default) | fma: the prompt step's router route (read when it is built).
+F32GemmRoute prefill_router_route();
 struct PrefillGemmF32Args {
+  F32GemmRoute route = F32GemmRoute::Tc;
   int64_t M = 0, N = 0, K = 0;
   const float* A = nullptr;
   int64_t lda = 0;
@@ -152,6 +159,8 @@ inline void prefill_gemm_f32(const PrefillGemmF32Args& a, cudaStream_t s) {
   using detail_ops::al;
   KESTREL_CHECK(a.M >= 0 && a.N >= 1 && a.K >= 32 && a.K % 32 == 0,
                 "prefill_gemm_f32: M {} N {} K {} (K a multiple of 32)", a.M, a.N, a.K);
+  KESTREL_CHECK(a.route == F32GemmRoute::Fma || a.K % 64 == 0,
+                "prefill_gemm_f32 ({}): K {} not a multiple of 64", f32gemm_route_name(a.route), a.K);
   KESTREL_CHECK(a.A && a.C && a.lda >= a.K && a.lda % 4 == 0 && al(a.A, 16) && a.ldc >= a.N,
                 "prefill_gemm_f32: lda {} (>= K {}, multiple of 4, A 16-byte aligned), ldc {} (>= N {})",
                 a.lda, a.K, a.ldc, a.N);

@@ -139,6 +139,7 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   set_aprec(prefill_aprec_from_env());
   gemm_choice_ = prefill_gemm_choice_from_env();
   attn_p_split_ = prefill_attn_p_split();
+  router_route_ = prefill_router_route();
   attn_qk_wgmma_ = prefill_attn_qk_wgmma();
   attn_pv_wgmma_ = prefill_attn_pv_wgmma();
   // Measurement knob: rows per expert tile (0 = the route's default; see MoePrefillScratch).
@@ -183,6 +184,10 @@ bool prefill_attn_pv_wgmma() { return env_choice("KESTREL_ATTN_PV", {"wgmma", "s
 PipeMma prefill_pipe_q4_mma() {
   constexpr PipeMma m[] = {PipeMma::Wgmma, PipeMma::Ws, PipeMma::Rs, PipeMma::Sync, PipeMma::Dq, PipeMma::Pp};
   return m[env_choice("KESTREL_PIPE_MMA", {"wgmma", "ws", "rs", "sync", "dq", "pp"})];
+}
+
+F32GemmRoute prefill_router_route() {
+  return env_choice("KESTREL_ROUTER_GEMM", {"tc", "fma"}) == 0 ? F32GemmRoute::Tc : F32GemmRoute::Fma;
 }
 
 bool prefill_pipe_dq_wide() { return env_choice("KESTREL_PIPE_DQ_N", {"128", "256"}) == 1; }
@@ -457,8 +462,10 @@ void PrefillStep::moe_layer(const DLayer& d, int64_t T, cudaStream_t s) {
   const ModelConfig& c = m_.cfg;
   const int64_t H = c.hidden_size;
   norm(buf_.x, d.post_norm, T, buf_.hn, nullptr, s);
-  // Router logits in exact fp32 (the decode GEMV's and the CPU's numbers up to summation order).
+  // Router logits in exact fp32 (the decode GEMV's and the CPU's numbers up to summation order;
+  // route: KESTREL_ROUTER_GEMM).
   PrefillGemmF32Args r;
+  r.route = router_route_;
   r.M = T;
   r.N = c.num_experts;
   r.K = H;

@@ -26,6 +26,7 @@
 #pragma once
 #include "cuda/device_model.h"
 #include "cuda/prefill.h"
+#include "cuda/prefill_ops.h"
 #include "engine/engine.h"
 
 #include <cstdint>
@@ -136,6 +137,7 @@ class PrefillStep {
   PrefillGemmChoice gemm_choice_ = PrefillGemmChoice::Auto;
   // The attention kernel's routes (KESTREL_ATTN_P / _QK / _PV, read once at construction).
   bool attn_p_split_ = false, attn_qk_wgmma_ = true, attn_pv_wgmma_ = true;
+  F32GemmRoute router_route_ = F32GemmRoute::Tc;
   PrefillGemmKernel kernel_ = PrefillGemmKernel::Reg;  // of the chunk being enqueued
 };
 

@@ -177,7 +177,7 @@ std::vector<int> topk_of(const float* v, int n, int k) {
   return idx;
 }
 
-void run_gemm_f32(WFormat f, int64_t M, int64_t N, int64_t K, uint32_t seed) {
+void run_gemm_f32(F32GemmRoute route, WFormat f, int64_t M, int64_t N, int64_t K, uint32_t seed) {
   std::mt19937 g(seed);
   auto W = make_mat(f, N, K, g, 0.1f);
   auto x = randv(size_t(M * K), g, -2.f, 2.f);
@@ -187,6 +187,7 @@ void run_gemm_f32(WFormat f, int64_t M, int64_t N, int64_t K, uint32_t seed) {
   auto dx = to_dev(x);
   auto dy = poisoned(want.size());
   PrefillGemmF32Args a;
+  a.route = route;
   a.M = M;
   a.N = N;
   a.K = K;
@@ -199,7 +200,8 @@ void run_gemm_f32(WFormat f, int64_t M, int64_t N, int64_t K, uint32_t seed) {
   const auto got = to_host<float>(*dy, want.size());
   float amax = 0;
   for (float v : want) amax = std::max(amax, std::fabs(v));
-  const std::string what = fmt::format("prefill_gemm_f32 {} M={} N={} K={}", wformat_name(f), M, N, K);
+  const std::string what = fmt::format("prefill_gemm_f32 ({}) {} M={} N={} K={}", f32gemm_route_name(route),
+                                       wformat_name(f), M, N, K);
   expect_close(got, want, 1e-5f * amax, 1e-5f, what);
   // Discrete choices: the top-8 of each row (router) agree wherever the CPU's 8th and 9th values
   // are further apart than 1e-5 of the row's scale.
@@ -221,14 +223,25 @@ void run_gemm_f32(WFormat f, int64_t M, int64_t N, int64_t K, uint32_t seed) {
 
 TEST(PrefillOps, GemmF32MatchesCpu) {
   REQUIRE_GPU();
-  uint32_t seed = 100;
-  for (WFormat f : {WFormat::BF16, WFormat::Q8, WFormat::Q4}) {
-    run_gemm_f32(f, 1, 4100, 2048, ++seed);   // one row, N not a multiple of 64
-    run_gemm_f32(f, 7, 256, 2048, ++seed);    // router
-    run_gemm_f32(f, 65, 256, 2048, ++seed);
-    run_gemm_f32(f, 300, 16, 2048, ++seed);   // the test models' 16 experts
-    run_gemm_f32(f, 1000, 256, 2048, ++seed);  // several 128-row tiles, a partial last one
-    run_gemm_f32(f, 129, 100, 192, ++seed);    // short K (3 groups of 64), N of two partial tiles
+  for (F32GemmRoute r : {F32GemmRoute::Tc, F32GemmRoute::Fma}) {
+    uint32_t seed = 100;
+    for (WFormat f : {WFormat::BF16, WFormat::Q8, WFormat::Q4}) {
+      run_gemm_f32(r, f, 1, 4100, 2048, ++seed);   // one row, N not a multiple of 64
+      run_gemm_f32(r, f, 7, 256, 2048, ++seed);    // router
+      run_gemm_f32(r, f, 65, 256, 2048, ++seed);
+      run_gemm_f32(r, f, 300, 16, 2048, ++seed);   // the test models' 16 experts
+      run_gemm_f32(r, f, 1000, 256, 2048, ++seed);  // several 128-row tiles, a partial last one
+      run_gemm_f32(r, f, 129, 100, 192, ++seed);    // short K (3 groups of 64), N of two partial tiles
+    }
+  }
+  EXPECT_EQ(prefill_router_route(), F32GemmRoute::Tc);  // the prompt step's default
+  {
+    const ScopedEnv e("KESTREL_ROUTER_GEMM", "fma");
+    EXPECT_EQ(prefill_router_route(), F32GemmRoute::Fma);
+  }
+  {
+    const ScopedEnv e("KESTREL_ROUTER_GEMM", "bogus");
+    EXPECT_THROW(prefill_router_route(), Error);
   }
 }
 
