@@ -4,6 +4,7 @@
 // here, double there: ~1e-7 relative). fp32 and/or bf16 outputs (bf16 feeds the tensor-core GEMMs,
 // which round their A operand to bf16 anyway).
 #include "cuda/common.cuh"
+#include "cuda/prefill_mma.h"
 #include "cuda/prefill_ops.h"
 
 namespace kestrel::cuda {
@@ -62,6 +63,34 @@ __global__ void __launch_bounds__(256) gated_norm_kernel(const PrefillGatedNormA
                                  (w.z * (v.z * inv)) * silu_f(g.z), (w.w * (v.w * inv)) * silu_f(g.w));
     if (a.y) *reinterpret_cast<float4*>(a.y + r * a.n + i) = y;
     if (a.y16) *reinterpret_cast<uint2*>(a.y16 + r * a.n + i) = pack4_bf16(y.x, y.y, y.z, y.w);
+    if (a.hi) {
+      // The Pipe split's layout (prefill_pipe.cu, pipe_split_kernel): element e = 32 G + 8 t + j of
+      // the flattened y is half j / 4 of word 16 G + 4 (j % 4) + t. This lane holds j = 4 (lane % 2)
+      // .. + 3 of t = (lane % 8) / 2; with its partner's four, the even lane writes words m = 0, 1
+      // and the odd lane m = 2, 3.
+      const int64_t e = r * a.n + i;
+      const float4 q = make_float4(__shfl_xor_sync(0xffffffffu, y.x, 1), __shfl_xor_sync(0xffffffffu, y.y, 1),
+                                   __shfl_xor_sync(0xffffffffu, y.z, 1), __shfl_xor_sync(0xffffffffu, y.w, 1));
+      const bool odd = lane & 1;
+      const float f0 = odd ? q.z : y.x, s0 = odd ? y.z : q.x;  // word m0 = 2 odd: (j = m0, j = m0 + 4)
+      const float f1 = odd ? q.w : y.y, s1 = odd ? y.w : q.y;  // word m0 + 1
+      const int64_t w0 = 16 * (e / 32) + 4 * (odd ? 2 : 0) + (e % 32) / 8;
+      uint32_t* hi = reinterpret_cast<uint32_t*>(a.hi);
+      const uint32_t h0 = pf::pack_bf16(f0, s0), h1 = pf::pack_bf16(f1, s1);
+      hi[w0] = h0;
+      hi[w0 + 4] = h1;
+      if (a.lo) {
+        uint32_t* lo = reinterpret_cast<uint32_t*>(a.lo);
+        lo[w0] = pf::pack_bf16(f0 - pf::bf16_lo(h0), s0 - pf::bf16_hi(h0));
+        lo[w0 + 4] = pf::pack_bf16(f1 - pf::bf16_lo(h1), s1 - pf::bf16_hi(h1));
+        float part = (y.x + y.y) + (y.z + y.w);  // the 16 lanes of a 64-group
+        part += __shfl_xor_sync(0xffffffffu, part, 1);
+        part += __shfl_xor_sync(0xffffffffu, part, 2);
+        part += __shfl_xor_sync(0xffffffffu, part, 4);
+        part += __shfl_xor_sync(0xffffffffu, part, 8);
+        if ((lane & 15) == 0) a.sum[e / 64] = part;
+      }
+    }
   }
 }
 

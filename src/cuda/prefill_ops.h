@@ -33,7 +33,9 @@ void prefill_rmsnorm_launch(const PrefillRmsNormArgs& a, cudaStream_t s);
 
 // GDN output norm over rows of n (rows = T * Hv, each a v-head of one token; o, z dense [rows, n]):
 // y = (w * rmsnorm(o)) * silu(z), as cpu::gated_rmsnorm. Outputs fp32 y and/or bf16 y16, dense
-// [rows, n].
+// [rows, n], and/or (hi set; n % 128 == 0) the Pipe kernel's split of y as one dense matrix of
+// any width that is a multiple of n (prefill_pipe_split's hi, lo and sum planes, the same bits;
+// lo = sum = nullptr: hi alone), so that out_proj's input needs no split launch.
 struct PrefillGatedNormArgs {
   int64_t rows = 0, n = 0;
   const float* o = nullptr;
@@ -43,6 +45,9 @@ struct PrefillGatedNormArgs {
   float eps = 1e-6f;
   float* y = nullptr;
   uint16_t* y16 = nullptr;
+  uint16_t* hi = nullptr;
+  uint16_t* lo = nullptr;
+  float* sum = nullptr;
 };
 void prefill_gated_norm_launch(const PrefillGatedNormArgs& a, cudaStream_t s);
 
@@ -125,7 +130,11 @@ inline void prefill_gated_norm(const PrefillGatedNormArgs& a, cudaStream_t s) {
   using detail_ops::al;
   KESTREL_CHECK(a.rows >= 0 && a.n >= 4 && a.n % 4 == 0 && a.n <= 1024,
                 "prefill_gated_norm: rows {} n {} (n a multiple of 4, <= 1024)", a.rows, a.n);
-  KESTREL_CHECK(a.o && a.z && a.w && (a.y || a.y16), "prefill_gated_norm: null buffer or no output");
+  KESTREL_CHECK(a.o && a.z && a.w && (a.y || a.y16 || a.hi), "prefill_gated_norm: null buffer or no output");
+  KESTREL_CHECK(!a.hi || (a.n % 128 == 0 && (a.lo == nullptr) == (a.sum == nullptr) && al(a.hi, 16) &&
+                          al(a.lo, 16) && al(a.sum, 16)),
+                "prefill_gated_norm: the split planes need n % 128 == 0 (n {}), lo and sum both or "
+                "neither, 16-byte alignment", a.n);
   KESTREL_CHECK(al(a.o, 16) && al(a.z, 16) && al(a.w, 16) && (!a.y || al(a.y, 16)) &&
                     (!a.y16 || al(a.y16, 8)),
                 "prefill_gated_norm: o, z, w, y need 16-byte and y16 8-byte alignment");

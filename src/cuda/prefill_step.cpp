@@ -329,20 +329,28 @@ void PrefillStep::norm(const float* x, const float* w, int64_t T, float* y, uint
   prefill_rmsnorm(n, s);
 }
 
-// The split of fp32 A [T, K] (lda) for the Pipe kernel into moe_.pipe[0], or none (Reg kernel).
-PipeA PrefillStep::split(const float* a, int64_t lda, int64_t T, int64_t K, cudaStream_t s) {
-  // (K % 512 != 0: no weight of that width runs on the Pipe kernel; nothing to split.)
-  if (kernel_ != PrefillGemmKernel::Pipe || !prefill_pipe_supports(DFmt::Q4, K)) return {};
+// The planes of a split of a [T, K] A for the Pipe kernel (moe_.pipe[0]), or hi = nullptr when no
+// GEMM of that width runs on it (the Reg kernel reads the fp32 A).
+PipeSplitArgs PrefillStep::split_planes(int64_t T, int64_t K) const {
   PipeSplitArgs sp;
-  sp.A = a;
+  // (K % 512 != 0: no weight of that width runs on the Pipe kernel; nothing to split.)
+  if (kernel_ != PrefillGemmKernel::Pipe || !prefill_pipe_supports(DFmt::Q4, K)) return sp;
   sp.rows = T;
   sp.K = K;
-  sp.lda = lda;
   sp.hi = moe_.pipe[0].hi;
   if (prefill_pipe_q4_mma() != PipeMma::Dq) {  // (Dq: the hi plane only)
     sp.lo = moe_.pipe[0].lo;
     sp.sum = moe_.pipe[0].sum;
   }
+  return sp;
+}
+
+// The split of fp32 A [T, K] (lda) for the Pipe kernel, or none (Reg kernel).
+PipeA PrefillStep::split(const float* a, int64_t lda, int64_t T, int64_t K, cudaStream_t s) {
+  PipeSplitArgs sp = split_planes(T, K);
+  if (sp.hi == nullptr) return {};
+  sp.A = a;
+  sp.lda = lda;
   return prefill_pipe_split(sp, s);
 }
 
@@ -415,9 +423,15 @@ void PrefillStep::gdn_layer(const DLayer& d, DSeq& sq, int l, int64_t T, cudaStr
   gn.ldz = P;
   gn.w = d.gnorm;
   gn.eps = c.rms_norm_eps;
-  gn.y = buf_.y;
+  // out_proj's A split by the norm itself; fp32 y only where the Reg kernel will read it.
+  const PipeSplitArgs sy = split_planes(T, VD);
+  const PipeA py = sy.hi ? PipeA{sy.hi, sy.lo, sy.sum, T, VD} : PipeA{};
+  gn.hi = sy.hi;
+  gn.lo = sy.lo;
+  gn.sum = sy.sum;
+  gn.y = py.valid() && prefill_pipe_supports(d.out.fmt, d.out.cols) ? nullptr : buf_.y;
   prefill_gated_norm(gn, s);
-  gemm(split(buf_.y, VD, T, VD, s), buf_.y, VD, T, d.out, buf_.x, H, GemmEpi::Residual, s);
+  gemm(py, buf_.y, VD, T, d.out, buf_.x, H, GemmEpi::Residual, s);
 }
 
 void PrefillStep::attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int64_t T,

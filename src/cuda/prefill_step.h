@@ -108,6 +108,7 @@ class PrefillStep {
   void attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int64_t T, cudaStream_t s);
   void moe_layer(const DLayer& d, int64_t T, cudaStream_t s);
   void norm(const float* x, const float* w, int64_t T, float* y, uint16_t* y16, cudaStream_t s);
+  PipeSplitArgs split_planes(int64_t T, int64_t K) const;
   PipeA split(const float* a, int64_t lda, int64_t T, int64_t K, cudaStream_t s);
   void gemm(const PipeA& pa, const float* a, int64_t lda, int64_t T, const DMat& W, float* c,
             int64_t ldc, GemmEpi epi, cudaStream_t s);

@@ -26,12 +26,6 @@ std::vector<float> bf16_round(std::vector<float> v) {
   for (auto& x : v) x = round_bf16(x);
   return v;
 }
-// bf16 device buffer of n elements poisoned with NaN (0xffff).
-std::unique_ptr<DevBuf> poisoned16(size_t n) {
-  auto b = std::make_unique<DevBuf>(n * 2);
-  KCUDA(cudaMemset(b->p, 0xff, n * 2));
-  return b;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Dense fused-dequant GEMM.

@@ -5,6 +5,7 @@
 // top-8 / argmax as the CPU wherever the CPU's choice is not within 1e-5 of a tie).
 #include "core/config.h"
 #include "cpu/ops.h"
+#include "cuda/prefill.h"
 #include "cuda/prefill_ops.h"
 #include "util.h"
 
@@ -17,11 +18,6 @@ namespace {
 
 constexpr float kEps = 1e-6f;
 
-std::unique_ptr<DevBuf> poisoned16(size_t n) {
-  auto b = std::make_unique<DevBuf>(n * 2);
-  KCUDA(cudaMemset(b->p, 0xff, n * 2));
-  return b;
-}
 std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
   std::vector<float> r(v.size());
   for (size_t i = 0; i < v.size(); ++i) r[i] = bf16_to_f32(v[i]);
@@ -120,6 +116,36 @@ TEST(PrefillOps, GatedNormMatchesCpu) {
     a.y16 = nullptr;
     prefill_gated_norm(a, nullptr);
     expect_close(to_host<float>(*dy2, want.size()), want, 1e-6f, 1e-5f, what + " strided z");
+    // The Pipe kernel's split of y written by the norm (out_proj's A: [T, Hv dv]): the planes of
+    // prefill_pipe_split over the fp32 y bit for bit, the 64-group sums to fp32 rounding; then the
+    // hi plane alone (Dq).
+    const size_t ne = want.size();
+    auto shi = poisoned16(ne), slo = poisoned16(ne), ssum = poisoned(ne / 64);
+    PipeSplitArgs sp;
+    sp.A = dy->as<float>();
+    sp.rows = T;
+    sp.K = Hv * dv;
+    sp.lda = Hv * dv;
+    sp.hi = shi->as<uint16_t>();
+    sp.lo = slo->as<uint16_t>();
+    sp.sum = ssum->as<float>();
+    prefill_pipe_split(sp, nullptr);
+    auto ghi = poisoned16(ne), glo = poisoned16(ne), gsum = poisoned(ne / 64), ghi2 = poisoned16(ne);
+    a.y = nullptr;
+    a.hi = ghi->as<uint16_t>();
+    a.lo = glo->as<uint16_t>();
+    a.sum = gsum->as<float>();
+    prefill_gated_norm(a, nullptr);
+    const auto want_hi = to_host<uint16_t>(*shi, ne);
+    EXPECT_EQ(to_host<uint16_t>(*ghi, ne), want_hi) << what << ": split hi plane";
+    EXPECT_EQ(to_host<uint16_t>(*glo, ne), to_host<uint16_t>(*slo, ne)) << what << ": split lo plane";
+    expect_close(to_host<float>(*gsum, ne / 64), to_host<float>(*ssum, ne / 64), 1e-5f, 1e-6f,
+                 what + " split sums");
+    a.hi = ghi2->as<uint16_t>();
+    a.lo = nullptr;
+    a.sum = nullptr;
+    prefill_gated_norm(a, nullptr);
+    EXPECT_EQ(to_host<uint16_t>(*ghi2, ne), want_hi) << what << ": split hi plane alone";
   }
 }
 
@@ -295,6 +321,10 @@ TEST(PrefillOps, RejectBadArguments) {
   gn.z_heads = 32;
   gn.ldz = 32 * 128 - 4;
   EXPECT_THROW(prefill_gated_norm(gn, nullptr), Error);  // z rows overlap
+  gn.z_heads = 0;
+  gn.n = 64;
+  gn.hi = reinterpret_cast<uint16_t*>(dy->as<float>());
+  EXPECT_THROW(prefill_gated_norm(gn, nullptr), Error);  // split planes need n % 128 == 0
   KCUDA(cudaDeviceSynchronize());
 }
 

@@ -121,6 +121,12 @@ inline std::unique_ptr<DevBuf> poisoned(size_t nfloat) {
   KCUDA(cudaMemset(b->p, 0xff, nfloat * 4));
   return b;
 }
+// The same for n bf16 (or other 16-bit) elements.
+inline std::unique_ptr<DevBuf> poisoned16(size_t n) {
+  auto b = std::make_unique<DevBuf>(n * 2);
+  KCUDA(cudaMemset(b->p, 0xff, n * 2));
+  return b;
+}
 template <class T>
 inline std::vector<T> to_host(const DevBuf& b, size_t n) {
   std::vector<T> v(n);
