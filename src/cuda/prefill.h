@@ -54,8 +54,11 @@ enum class PrefillGemmKernel : uint8_t { Reg, Pipe };
 // warpgroups on mbarriers: a fold overlaps the next tile's wgmma), wgmma transposed (C^T = W X^T with
 // the dequantised weights as the register operand: no converted copy in shared memory, two scales
 // per thread and k-tile) or mma.sync (8 warps of 32 x 64; bf16 weights always take it).
-// KESTREL_PIPE_MMA = wgmma | ws | rs | sync | dq | pp, read at each launch (so that tests cover every one);
-// anything else is an error.
+// KESTREL_PIPE_MMA = auto | wgmma | ws | rs | sync | dq | pp, read at each launch (so that tests
+// cover every one); anything else is an error. Auto (the default): Pp where K >= 1024 (the GDN and
+// attention projections, out/o_proj, the experts' gate|up), Wgmma below (the K = 512 down
+// projections, whose 8 k-tiles are two of Pp's unrolled blocks: 913 against 873 us at 4K).
+// Measured (H100, ABBA, bench/PREFILL_NOTES.md v15): Pp everywhere +1.2 % at 4K, +0.1 % at 32K.
 // Dq (KESTREL_PIPE_MMA=dq) is a different contract, for Q4 and bf16 weights alike: A as its bf16
 // hi plane only and the weights dequantised to bf16 in shared memory (Q4: bf16(q s + b)), one
 // wgmma per k16 step accumulating the whole K (prefill_pipe.cu); a bf16 x bf16 GEMM's numbers.
@@ -63,8 +66,12 @@ enum class PrefillGemmKernel : uint8_t { Reg, Pipe };
 // oracle (bench/PREFILL_NOTES.md v13), as the fp16-activation route did (v4).
 // Pp (KESTREL_PIPE_MMA=pp, Q4): the exact numbers (as wgmma) in the Dq kernel's pipeline, each
 // k-tile's integer products in one of two product sets, folded while the next k-tile's wgmma run.
-enum class PipeMma : uint8_t { Wgmma, Ws, Rs, Sync, Dq, Pp };
+enum class PipeMma : uint8_t { Auto, Wgmma, Ws, Rs, Sync, Dq, Pp };
 PipeMma prefill_pipe_q4_mma();
+// The kernel Auto takes for a Q4 GEMM of reduction length K (any other choice: itself).
+inline PipeMma pipe_mma_for(PipeMma m, int64_t K) {
+  return m != PipeMma::Auto ? m : K >= 1024 ? PipeMma::Pp : PipeMma::Wgmma;
+}
 // The Dq kernel's Q4 tiles: 128 x 128 (the default) or 128 x 256 (m64n256 per warpgroup).
 // KESTREL_PIPE_DQ_N = 128 | 256; anything else is an error.
 bool prefill_pipe_dq_wide();
@@ -78,7 +85,8 @@ bool prefill_pipe_rs_tail();
 enum class PipeWsGrid : uint8_t { Persistent, Tiles };
 PipeWsGrid prefill_pipe_ws_grid();
 inline const char* prefill_pipe_mma_name(PipeMma m) {
-  return m == PipeMma::Wgmma ? "wgmma"
+  return m == PipeMma::Auto ? "auto"
+         : m == PipeMma::Wgmma ? "wgmma"
          : m == PipeMma::Ws  ? "ws"
          : m == PipeMma::Rs  ? "rs"
          : m == PipeMma::Sync ? "sync"

@@ -1458,13 +1458,14 @@ void prefill_pipe_init() {
 void prefill_pipe_gemm_launch(const PrefillGemmArgs& a, cudaStream_t s) {
   prefill_pipe_init();
   const bool silu = a.epi == GemmEpi::SiluMul;
-  const PipeMma mma = prefill_pipe_q4_mma();
+  const PipeMma mma = pipe_mma_for(prefill_pipe_q4_mma(), a.K);
   if (mma == PipeMma::Dq) {  // both formats
     if (a.W.fmt != DFmt::Q4) silu ? launch_dq<DFmt::BF16, true, 128>(a, s) : launch_dq<DFmt::BF16, false, 128>(a, s);
     else if (prefill_pipe_dq_wide()) silu ? launch_dq<DFmt::Q4, true, 256>(a, s) : launch_dq<DFmt::Q4, false, 256>(a, s);
     else silu ? launch_dq<DFmt::Q4, true, 128>(a, s) : launch_dq<DFmt::Q4, false, 128>(a, s);
   } else if (a.W.fmt == DFmt::Q4) {
     switch (mma) {
+      case PipeMma::Auto:       // (resolved above)
       case PipeMma::Dq: break;  // (above)
       case PipeMma::Pp:
         silu ? launch_dq<DFmt::Q4, true, 128, true>(a, s) : launch_dq<DFmt::Q4, false, 128, true>(a, s);

@@ -182,8 +182,9 @@ bool prefill_attn_qk_wgmma() { return env_choice("KESTREL_ATTN_QK", {"wgmma", "s
 bool prefill_attn_pv_wgmma() { return env_choice("KESTREL_ATTN_PV", {"wgmma", "sync"}) == 0; }
 
 PipeMma prefill_pipe_q4_mma() {
-  constexpr PipeMma m[] = {PipeMma::Wgmma, PipeMma::Ws, PipeMma::Rs, PipeMma::Sync, PipeMma::Dq, PipeMma::Pp};
-  return m[env_choice("KESTREL_PIPE_MMA", {"wgmma", "ws", "rs", "sync", "dq", "pp"})];
+  constexpr PipeMma m[] = {PipeMma::Auto, PipeMma::Wgmma, PipeMma::Ws, PipeMma::Rs,
+                           PipeMma::Sync, PipeMma::Dq,    PipeMma::Pp};
+  return m[env_choice("KESTREL_PIPE_MMA", {"auto", "wgmma", "ws", "rs", "sync", "dq", "pp"})];
 }
 
 F32GemmRoute prefill_router_route() {

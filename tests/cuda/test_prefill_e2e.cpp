@@ -322,19 +322,27 @@ TEST(PrefillE2E, PipeKernelQ4AndBf16) {
   }
 }
 
-// The same for the Q4 model on the exact product-set kernel (KESTREL_PIPE_MMA=pp).
-TEST(PrefillE2E, PipeKernelPpQ4) {
-  REQUIRE_GPU();
-  const ScopedEnv env("KESTREL_PIPE_MMA", "pp");
-  ASSERT_EQ(prefill_pipe_q4_mma(), PipeMma::Pp);
+// The same for the Q4 model with every Pipe GEMM on one kernel: the exact product-set kernel
+// (KESTREL_PIPE_MMA=pp) and the wgmma kernel (wgmma); the default (auto) mixes the two by K.
+void run_pipe_kernel_q4(const char* mma, PipeMma want, uint32_t seed) {
+  const ScopedEnv env("KESTREL_PIPE_MMA", mma);
+  ASSERT_EQ(prefill_pipe_q4_mma(), want);
   const ModelConfig c = small_real_width_config();
-  const uint32_t seed = 19;
   cpu::CpuBackend cpu_b(random_weights(c, WFormat::Q4, WFormat::Q8, seed), 0);
   auto gpu_b = make_cuda_backend(random_weights(c, WFormat::Q4, WFormat::Q8, seed), BackendOptions{});
   set_prefill_aprec(*gpu_b, PrefillAPrec::Split);
   set_prefill_gemm_choice(*gpu_b, PrefillGemmChoice::Pipe);
-  check_prompts(cpu_b, *gpu_b, "random q4, pipe pp kernel", seed + 100);
-  check_prefill_then_decode(cpu_b, *gpu_b, "random q4, pipe pp kernel", seed + 200);
+  const std::string what = fmt::format("random q4, pipe {} kernel", mma);
+  check_prompts(cpu_b, *gpu_b, what, seed + 100);
+  check_prefill_then_decode(cpu_b, *gpu_b, what, seed + 200);
+}
+TEST(PrefillE2E, PipeKernelPpQ4) {
+  REQUIRE_GPU();
+  run_pipe_kernel_q4("pp", PipeMma::Pp, 19);
+}
+TEST(PrefillE2E, PipeKernelWgmmaQ4) {
+  REQUIRE_GPU();
+  run_pipe_kernel_q4("wgmma", PipeMma::Wgmma, 20);
 }
 
 // The committed real-width fixture (4 layers, 16 experts top-8), weights regenerated with

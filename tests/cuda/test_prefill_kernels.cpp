@@ -625,8 +625,9 @@ TEST(PrefillPipe, RejectsWhatItDoesNotTake) {
   KCUDA(cudaDeviceSynchronize());
 }
 
-// The Q4 Pipe GEMMs above run on wgmma (the default); the same shapes on the other Q4 kernels
-// (KESTREL_PIPE_MMA=sync | ws | rs), and the switch's refusal of anything else.
+// The Q4 Pipe GEMMs above run on the default (auto: pp for K >= 1024, wgmma below); the same shapes
+// on the other Q4 kernels (KESTREL_PIPE_MMA=sync | wgmma | ws | rs | pp), and the switch's refusal
+// of anything else.
 struct PipeMmaEnv : ScopedEnv {
   explicit PipeMmaEnv(const char* v) : ScopedEnv("KESTREL_PIPE_MMA", v) {}
 };
@@ -652,10 +653,22 @@ TEST(PrefillPipe, Q4OnMmaSync) {
     const PipeMmaEnv e("bogus");
     EXPECT_THROW(prefill_pipe_q4_mma(), Error);
   }
-  EXPECT_EQ(prefill_pipe_q4_mma(), PipeMma::Wgmma);
+  EXPECT_EQ(prefill_pipe_q4_mma(), PipeMma::Auto);
+  EXPECT_EQ(pipe_mma_for(PipeMma::Auto, 512), PipeMma::Wgmma);
+  EXPECT_EQ(pipe_mma_for(PipeMma::Auto, 2048), PipeMma::Pp);
+  EXPECT_EQ(pipe_mma_for(PipeMma::Auto, 4096), PipeMma::Pp);
+  EXPECT_EQ(pipe_mma_for(PipeMma::Sync, 2048), PipeMma::Sync);
   const PipeMmaEnv e("sync");
   ASSERT_EQ(prefill_pipe_q4_mma(), PipeMma::Sync);
   run_pipe_q4_shapes(680);
+}
+
+// The wgmma kernel at every K (the default takes it for K < 1024 only).
+TEST(PrefillPipe, Q4OnWgmma) {
+  REQUIRE_GPU();
+  const PipeMmaEnv e("wgmma");
+  ASSERT_EQ(prefill_pipe_q4_mma(), PipeMma::Wgmma);
+  run_pipe_q4_shapes(5680);
 }
 
 // The transposed kernel (weights as wgmma's register operand): its own row order of gate|up and
