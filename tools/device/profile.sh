@@ -110,7 +110,7 @@ PY
   else
     # Only the prompt path's kernels (names of prefill*.cu); the warm-up prompt is the one profiled.
     timeout 300 ncu --clock-control none --cache-control none \
-      --kernel-name regex:'(gemm_kernel|dq_kernel|ws_kernel|rs_kernel|split_kernel|gemm_f32_kernel|gdn_prep_kernel|gdn_scan_kernel|conv_kernel|conv_state_kernel|flash_kernel|attn_prep_kernel|route_|combine_kernel|rmsnorm_rows_kernel|gated_norm_kernel|embed_kernel|to_bf16_kernel|seq_end_kernel)' \
+      --kernel-name regex:'(gemm_kernel|dq_kernel|ws_kernel|rs_kernel|split_kernel|gemm_f32_kernel|gemm_tc_kernel|gdn_prep_kernel|gdn_scan_kernel|conv_kernel|conv_state_kernel|flash_kernel|attn_prep_kernel|route_|combine_kernel|rmsnorm_rows_kernel|gated_norm_kernel|embed_kernel|to_bf16_kernel|seq_end_kernel)' \
       --launch-count ${PREFILL_LAUNCHES:-1500} --metrics gpu__time_duration.sum,launch__grid_size \
       --export /tmp/ncu_prefill --force-overwrite \
       $K bench --synthetic $W --prefill ${PROMPT:-4096} --prefill-runs 1 --out /tmp/benchres \
