@@ -115,6 +115,7 @@ struct PipeSplitArgs {
   uint16_t* hi = nullptr;    // [rows, K]
   uint16_t* lo = nullptr;    // [rows, K]
   float* sum = nullptr;      // [rows, K / 64]
+  PipeA planes() const { return PipeA{hi, lo, sum, rows, K}; }  // what the GEMMs read
 };
 void prefill_pipe_split_launch(const PipeSplitArgs& a, cudaStream_t s);
 void prefill_pipe_init();
@@ -430,7 +431,7 @@ inline PipeA prefill_pipe_split(const PipeSplitArgs& a, cudaStream_t s) {
                     al16(a.lo) && al16(a.sum),
                 "prefill_pipe_split: null or not 16-byte aligned buffer (lo and sum: both or neither)");
   if (a.rows > 0) prefill_pipe_split_launch(a, s);
-  return PipeA{a.hi, a.lo, a.sum, a.rows, a.K};
+  return a.planes();
 }
 
 inline void moe_route(const MoeRouteArgs& a, cudaStream_t s) {

@@ -426,7 +426,7 @@ void PrefillStep::gdn_layer(const DLayer& d, DSeq& sq, int l, int64_t T, cudaStr
   gn.eps = c.rms_norm_eps;
   // out_proj's A split by the norm itself; fp32 y only where the Reg kernel will read it.
   const PipeSplitArgs sy = split_planes(T, VD);
-  const PipeA py = sy.hi ? PipeA{sy.hi, sy.lo, sy.sum, T, VD} : PipeA{};
+  const PipeA py = sy.planes();  // (invalid when hi is null: no Pipe GEMM of this width)
   gn.hi = sy.hi;
   gn.lo = sy.lo;
   gn.sum = sy.sum;
