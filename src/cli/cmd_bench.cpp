@@ -213,6 +213,7 @@ void run_prefill_bench(const BenchOpts& o, kestrel::Backend& b, const std::strin
                        {"gemm", gemm},
                        {"gemm_kernel", kernel},
                        {"pipe_q4_mma", cuda::prefill_pipe_mma_name(cuda::prefill_pipe_q4_mma())},
+                       {"attn_q", cuda::prefill_attn_q_split() ? "split" : "bf16"},  // KESTREL_ATTN_Q
                        {"moe_tile_rows", std::getenv("KESTREL_PREFILL_MOE_BM") ? std::getenv("KESTREL_PREFILL_MOE_BM")
                                                                               : "default"},
                        {"range_redos", redos},
@@ -385,6 +386,7 @@ void run_bench(const BenchOpts& o) {
                        {"pdl", pdl},
                        {"pdl_pin", cuda::pdl_pin_enabled()},  // KESTREL_PDL_PIN (kernels.h)
                        {"gdn_early_trigger", cuda::gdn_early_trigger()},
+                       {"attn_decode_mma", cuda::attn_decode_mma()},  // KESTREL_ATTN_DECODE
                        {"moe_down_early", cuda::moe_down_early()},  // KESTREL_MOE_DOWN_EARLY
                        {"moe_gate_up_depth", cuda::moe_gate_up_depth()},  // KESTREL_MOE_GU_DEPTH
                        {"gemv_preload", cuda::gemv_preload()},      // KESTREL_GEMV_PRELOAD
