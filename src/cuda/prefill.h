@@ -321,8 +321,8 @@ struct PrefillAttnArgs {
   float* out = nullptr;         // fp32 [T, heads*D]
   bool gated = true;
   bool p_split = false;         // P V with P as bf16 hi + lo; false: P one bf16 plane (default)
-  bool q_split = false;         // Q K^T with q as bf16 hi + lo; false: q one bf16 plane (default;
-                                // needs qk_wgmma and pv_wgmma)
+  bool q_split = true;          // Q K^T with q as bf16 hi + lo (default); false: q one bf16 plane
+                                // (needs qk_wgmma and pv_wgmma)
   bool qk_wgmma = true;         // Q K^T on wgmma (default); false: mma.sync (and P V too)
   bool pv_wgmma = true;         // P V on wgmma (default, with qk_wgmma); false: mma.sync
   int heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;
@@ -331,7 +331,8 @@ struct PrefillAttnArgs {
 // attention weight, the same end-to-end logits error as split in every e2e test (bench/PREFILL_NOTES.md
 // v10), +7.5 % at 128K.
 bool prefill_attn_p_split();
-// KESTREL_ATTN_Q = bf16 (default) | split: the prompt step's q_split. bf16 q: ~2^-9 relative per
+// KESTREL_ATTN_Q = split (default until measured on a GPU, bench/PREFILL_NOTES.md v16) | bf16: the
+// prompt step's q_split. bf16 q: ~2^-9 relative per
 // element, the same rounding the bf16 KV cache applies to k (the CPU oracle keeps both fp32); half
 // the Q K^T MMAs.
 bool prefill_attn_q_split();

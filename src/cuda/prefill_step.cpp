@@ -179,7 +179,7 @@ PrefillGemmChoice prefill_gemm_choice_from_env() {
 
 bool prefill_attn_p_split() { return env_choice("KESTREL_ATTN_P", {"bf16", "split"}) == 1; }
 
-bool prefill_attn_q_split() { return env_choice("KESTREL_ATTN_Q", {"bf16", "split"}) == 1; }
+bool prefill_attn_q_split() { return env_choice("KESTREL_ATTN_Q", {"split", "bf16"}) == 0; }
 
 bool prefill_attn_qk_wgmma() { return env_choice("KESTREL_ATTN_QK", {"wgmma", "sync"}) == 0; }
 

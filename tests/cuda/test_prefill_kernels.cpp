@@ -1036,7 +1036,7 @@ TEST(PrefillAttn, FlashBf16PMatchesCpu) {
   }
 }
 
-// q as one bf16 plane (the default, KESTREL_ATTN_Q=bf16; the wgmma kernel only) with P as one
+// q as one bf16 plane (KESTREL_ATTN_Q=bf16; the wgmma kernel only; the default is split) with P as one
 // plane (the default) and split; the switch's parsing; the launcher refuses it on mma.sync.
 TEST(PrefillAttn, FlashBf16QMatchesCpu) {
   REQUIRE_GPU();
@@ -1046,10 +1046,10 @@ TEST(PrefillAttn, FlashBf16QMatchesCpu) {
     run_attn(65, 1000, seed++, ps, 0, false);
     run_attn(1, 37, seed++, ps, 0, false);
   }
-  EXPECT_FALSE(prefill_attn_q_split());
+  EXPECT_TRUE(prefill_attn_q_split());
   {
-    const ScopedEnv e("KESTREL_ATTN_Q", "split");
-    EXPECT_TRUE(prefill_attn_q_split());
+    const ScopedEnv e("KESTREL_ATTN_Q", "bf16");
+    EXPECT_FALSE(prefill_attn_q_split());
   }
   {
     const ScopedEnv e("KESTREL_ATTN_Q", "bogus");
