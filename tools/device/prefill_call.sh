@@ -7,7 +7,7 @@
 #   2. the A/B of the q4 prompt bench (tools/device/ab.sh, AB_KIND=prefill) over VARIANTS (";X=1"
 #      is the defaults and X=1; ab.sh drops a trailing empty variant);
 #   3. the records: q4 at REC_Q4 prompt sizes, bf16 at REC_BF16 (JSON under results/; REC_ENV);
-#   3b. decode: the A/B of DEC_VARIANTS at DEC_CTX and the records at REC_DEC_Q4 / REC_DEC_BF16;
+#   3b. decode: the A/B of DEC_VARIANTS at DEC_CTX and the records at REC_DEC_Q4 / REC_DEC_BF16 (under REC_DEC_ENV);
 #   4. a Nsight Compute profile of one 4K q4 prompt (tools/device/profile.sh, PROFILE=0 skips;
 #      PROFILE_ENV).
 # Everything goes into $OUT/call.tgz, re-packed after each stage so that a call stopped at its
@@ -61,7 +61,7 @@ fi
 
 if [ -n "${VARIANTS+x}" ]; then
   T0=$(date +%s)
-  OUT=$W/ab AB_KIND=prefill PREFILL="${AB_PREFILL:-2048,4096,32768}" BIN=$B bash tools/device/ab.sh > "$W/ab_stdout.log" 2>&1
+  OUT=$W/ab TESTS=none SANITIZE= AB_KIND=prefill PREFILL="${AB_PREFILL:-2048,4096,32768}" BIN=$B bash tools/device/ab.sh > "$W/ab_stdout.log" 2>&1
   note "ab: rc=$? in $(( $(date +%s) - T0 )) s"
   cat "$W/ab/ab.log" | tee -a "$S"
   pack
@@ -71,21 +71,21 @@ fi
 # contexts, bf16 at REC_DEC_BF16; "none" or unset skips), the defaults of `gpu_check.sh`'s bench.
 if [ -n "${DEC_VARIANTS+x}" ]; then
   T0=$(date +%s)
-  OUT=$W/abdec BENCH_CTX="${DEC_CTX:-0,4096}" BIN=$B VARIANTS="$DEC_VARIANTS" bash tools/device/ab.sh > "$W/abdec_stdout.log" 2>&1
+  OUT=$W/abdec TESTS=none SANITIZE= BENCH_CTX="${DEC_CTX:-0,4096}" BIN=$B VARIANTS="$DEC_VARIANTS" bash tools/device/ab.sh > "$W/abdec_stdout.log" 2>&1
   note "ab decode: rc=$? in $(( $(date +%s) - T0 )) s"
   cat "$W/abdec/ab.log" | tee -a "$S"
   pack
 fi
 if [ -n "${REC_DEC_Q4:-}" ] && [ "$REC_DEC_Q4" != none ]; then
   T0=$(date +%s)
-  timeout 200 $B/kestrel bench --synthetic q4 --contexts "$REC_DEC_Q4" --steps 128 --gemv 1 --pdl on --moe mma \
+  env ${REC_DEC_ENV:-} timeout 200 $B/kestrel bench --synthetic q4 --contexts "$REC_DEC_Q4" --steps 128 --gemv 1 --pdl on --moe mma \
     --route auto --route-algo block --out "$W/results" > "$W/rec_dec_q4.log" 2>&1
   note "decode records q4: rc=$? in $(( $(date +%s) - T0 )) s"; grep -vE '^\s*$' "$W/rec_dec_q4.log" | tail -6 | tee -a "$S"
   pack
 fi
 if [ -n "${REC_DEC_BF16:-}" ] && [ "$REC_DEC_BF16" != none ]; then
   T0=$(date +%s)
-  timeout 100 $B/kestrel bench --synthetic bf16 --contexts "$REC_DEC_BF16" --steps 128 --gemv 1 --pdl on --moe split \
+  env ${REC_DEC_ENV:-} timeout 100 $B/kestrel bench --synthetic bf16 --contexts "$REC_DEC_BF16" --steps 128 --gemv 1 --pdl on --moe split \
     --route auto --route-algo block --out "$W/results" > "$W/rec_dec_bf16.log" 2>&1
   note "decode records bf16: rc=$? in $(( $(date +%s) - T0 )) s"; grep -vE '^\s*$' "$W/rec_dec_bf16.log" | tail -4 | tee -a "$S"
   pack
