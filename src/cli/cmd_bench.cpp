@@ -213,7 +213,6 @@ void run_prefill_bench(const BenchOpts& o, kestrel::Backend& b, const std::strin
                        {"gemm", gemm},
                        {"gemm_kernel", kernel},
                        {"pipe_q4_mma", cuda::prefill_pipe_mma_name(cuda::prefill_pipe_q4_mma())},
-                       {"attn_q", cuda::prefill_attn_q_split() ? "split" : "bf16"},  // KESTREL_ATTN_Q
                        {"moe_tile_rows", std::getenv("KESTREL_PREFILL_MOE_BM") ? std::getenv("KESTREL_PREFILL_MOE_BM")
                                                                               : "default"},
                        {"range_redos", redos},

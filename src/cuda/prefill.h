@@ -301,7 +301,7 @@ void prefill_gdn_launch(const PrefillGdnArgs& a, cudaStream_t s);
 // Causal flash attention of T new tokens at positions pos0..pos0+T-1 (head dim 256, GQA).
 // Prep: qg fp32 [T, heads*2D] raw q_proj (query then gate per head), k, v fp32 [T, kv_heads*D];
 // q/k RMSNorm (effective weights) + NeoX RoPE on the first rotary_dim dims at position pos0+t;
-// q (as bf16 hi + lo parts, [2, T, heads, D]; the lo parts only with q_split) to qbuf, k (normed, roped) and v to the bf16 caches
+// q (as bf16 hi + lo parts, [2, T, heads, D]) to qbuf, k (normed, roped) and v to the bf16 caches
 // [capacity, kv_heads, D] at rows pos0..pos0+T-1.
 // Attention: out[t, h, :] = softmax(q k^T / sqrt(D)) v over keys 0..pos0+t, times sigmoid(gate)
 // when gated; fp32 [T, heads*D].
@@ -321,8 +321,6 @@ struct PrefillAttnArgs {
   float* out = nullptr;         // fp32 [T, heads*D]
   bool gated = true;
   bool p_split = false;         // P V with P as bf16 hi + lo; false: P one bf16 plane (default)
-  bool q_split = true;          // Q K^T with q as bf16 hi + lo (default); false: q one bf16 plane
-                                // (needs qk_wgmma and pv_wgmma)
   bool qk_wgmma = true;         // Q K^T on wgmma (default); false: mma.sync (and P V too)
   bool pv_wgmma = true;         // P V on wgmma (default, with qk_wgmma); false: mma.sync
   int heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;
@@ -331,11 +329,6 @@ struct PrefillAttnArgs {
 // attention weight, the same end-to-end logits error as split in every e2e test (bench/PREFILL_NOTES.md
 // v10), +7.5 % at 128K.
 bool prefill_attn_p_split();
-// KESTREL_ATTN_Q = split (default until measured on a GPU, bench/PREFILL_NOTES.md v16) | bf16: the
-// prompt step's q_split. bf16 q: ~2^-9 relative per
-// element, the same rounding the bf16 KV cache applies to k (the CPU oracle keeps both fp32); half
-// the Q K^T MMAs.
-bool prefill_attn_q_split();
 // KESTREL_ATTN_QK = wgmma (default) | sync: the prompt step's qk_wgmma.
 bool prefill_attn_qk_wgmma();
 // KESTREL_ATTN_PV = wgmma (default) | sync: the prompt step's pv_wgmma.
@@ -555,8 +548,6 @@ inline void prefill_attn(const PrefillAttnArgs& a, cudaStream_t s) {
   KESTREL_CHECK(a.T >= 1 && a.pos0 >= 0 && a.pos0 + a.T <= a.capacity,
                 "prefill_attn: positions {}..{} exceed the cache capacity {}", a.pos0, a.pos0 + a.T,
                 a.capacity);
-  KESTREL_CHECK(a.q_split || (a.qk_wgmma && a.pv_wgmma),
-                "prefill_attn: q as one bf16 plane runs on the wgmma kernel only (qk_wgmma and pv_wgmma)");
   KESTREL_CHECK(a.qg && a.k && a.v && a.q_norm && a.k_norm && a.qbuf && a.kcache && a.vcache && a.out,
                 "prefill_attn: null buffer");
   KESTREL_CHECK(a.ld == 0 || a.ld >= int64_t(a.heads) * 2 * a.head_dim,

@@ -1,9 +1,9 @@
 // Causal flash attention for prefill (head dim 256, GQA), on tensor cores (mma.sync m16n8k16 bf16,
-// fp32 accumulate, online softmax in fp32). With q_split and p_split, q and the probabilities are
-// fp32 numbers split into bf16 hi + lo parts, both multiplied (K and V are exact: the bf16 cache),
-// so the result matches the fp32 oracle reading the same bf16 cache. By default both are one bf16
-// plane, as in every flash attention: P (half the P V MMAs), and q (half the Q K^T MMAs; the same
-// ~2^-9 rounding the cache applies to k, wgmma kernel only).
+// fp32 accumulate, online softmax in fp32). q and the probabilities are fp32 numbers split into
+// bf16 hi + lo parts, both multiplied (K and V are exact: the bf16 cache), so the result matches
+// the fp32 oracle reading the same bf16 cache. By default (p_split = false) P is one bf16 plane,
+// as in every flash attention (half the P V MMAs); p_split = true multiplies its lo part too.
+// (q as one bf16 plane was measured and rejected: bench/PREFILL_NOTES.md v16.)
 // Prep kernel: q/k RMSNorm + NeoX partial RoPE, q's two parts to a bf16 buffer, k and v appended
 // to the bf16 KV cache in the decode layout [capacity, kv_heads, D]. Epilogue: 1/l and the sigmoid
 // output gate.
@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a)
   __shared__ float buf[8][D];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * 8 + warp;
-  const int64_t nq = a.T * a.heads, nk = a.T * a.kv_heads;  // (q's lo parts only with q_split)
+  const int64_t nq = a.T * a.heads, nk = a.T * a.kv_heads;
   if (row >= nq + 2 * nk) return;
   const float* src;
   const float* w = nullptr;
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a)
     src = a.qg + t * (a.ld ? a.ld : int64_t(a.heads) * 2 * D) + int64_t(h) * 2 * D;
     w = a.q_norm;
     dst = a.qbuf + (t * a.heads + h) * D;
-    if (a.q_split) dst_lo = dst + a.T * a.heads * D;
+    dst_lo = dst + a.T * a.heads * D;
   } else if (row < nq + nk) {
     const int64_t r = row - nq;
     t = r / a.kv_heads;
@@ -128,11 +128,9 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a)
 // per-thread layout either way (rows 16 warp + lane / 4 (+ 8), keys 8 n + 2 (lane % 4) (+ 1)).
 // PVW (needs WG): P V as 8 wgmma m64n64k16 per key tile, P from registers (the S accumulator's
 // layout is the A fragment's), V MN-major from shared memory; else mma.sync with ldmatrix.trans.
-// QS: Q K^T with q's hi and lo planes (else hi only; the wgmma kernel only).
-template <bool PS, bool WG, bool PVW, bool QS = true>
+template <bool PS, bool WG, bool PVW>
 __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a) {
   static_assert(WG || !PVW, "P V on wgmma uses the wgmma layout of shared memory");
-  static_assert(QS || (WG && PVW), "q as one plane: the wgmma kernel only");
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* base = smem_raw;
   if constexpr (WG) base += (1024 - (pf::smem_u32(smem_raw) & 1023)) & 1023;
@@ -152,11 +150,11 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
     uint4 v = make_uint4(0, 0, 0, 0), vl = make_uint4(0, 0, 0, 0);
     if (t < a.T) {
       v = reinterpret_cast<const uint4*>(a.qbuf + (t * a.heads + h) * D)[c8];
-      if (QS) vl = reinterpret_cast<const uint4*>(a.qbuf + (a.T + t) * a.heads * D + int64_t(h) * D)[c8];
+      vl = reinterpret_cast<const uint4*>(a.qbuf + (a.T + t) * a.heads * D + int64_t(h) * D)[c8];
     }
     if constexpr (WG) {
       *reinterpret_cast<uint4*>(&sw.q[0][c8 >> 3][sw128_off(r, c8 & 7)]) = v;
-      if constexpr (QS) *reinterpret_cast<uint4*>(&sw.q[1][c8 >> 3][sw128_off(r, c8 & 7)]) = vl;
+      *reinterpret_cast<uint4*>(&sw.q[1][c8 >> 3][sw128_off(r, c8 & 7)]) = vl;
     } else {
       *reinterpret_cast<uint4*>(&sm.q[r][8 * c8]) = v;
       *reinterpret_cast<uint4*>(&sm.ql[r][8 * c8]) = vl;
@@ -212,9 +210,8 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
         for (int ks = 0; ks < 4; ++ks) {
           const uint64_t db = wg::desc_sw128(kb + uint32_t(ck * KT * 128 + 32 * ks));
           wg::mma_m64n32k16_bf16(s, wg::desc_sw128(qb + uint32_t(ck * QT * 128 + 32 * ks)), db, true);
-          if constexpr (QS)
-            wg::mma_m64n32k16_bf16(s, wg::desc_sw128(qb + uint32_t((D / 64 + ck) * QT * 128 + 32 * ks)), db,
-                                   true);
+          wg::mma_m64n32k16_bf16(s, wg::desc_sw128(qb + uint32_t((D / 64 + ck) * QT * 128 + 32 * ks)), db,
+                                 true);
         }
       wg::commit();
       wg::wait<0>();
@@ -368,9 +365,9 @@ std::once_flag g_attn_once;
 
 }  // namespace
 
-template <bool PS, bool WG, bool PVW, bool QS = true>
+template <bool PS, bool WG, bool PVW>
 void flash_init_one() {
-  KCUDA(cudaFuncSetAttribute(flash_kernel<PS, WG, PVW, QS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  KCUDA(cudaFuncSetAttribute(flash_kernel<PS, WG, PVW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              WG ? kWgSmemBytes : int(sizeof(AttnSmem))));
 }
 
@@ -382,8 +379,6 @@ void prefill_attn_init() {
     flash_init_one<false, true, false>();
     flash_init_one<true, true, true>();
     flash_init_one<false, true, true>();
-    flash_init_one<true, true, true, false>();
-    flash_init_one<false, true, true, false>();
   });
 }
 
@@ -398,10 +393,7 @@ void prefill_attn_launch(const PrefillAttnArgs& a, cudaStream_t s) {
   const dim3 grid(unsigned((a.T + QT - 1) / QT), unsigned(a.heads));
   const size_t wg = kWgSmemBytes, sync = sizeof(AttnSmem);
   // (qk_wgmma = false runs P V on mma.sync too: the wgmma P V needs the wgmma layout.)
-  if (a.qk_wgmma && a.pv_wgmma && !a.q_split) {
-    if (a.p_split) flash_kernel<true, true, true, false><<<grid, kThreads, wg, s>>>(a);
-    else flash_kernel<false, true, true, false><<<grid, kThreads, wg, s>>>(a);
-  } else if (a.qk_wgmma && a.pv_wgmma) {
+  if (a.qk_wgmma && a.pv_wgmma) {
     if (a.p_split) flash_kernel<true, true, true><<<grid, kThreads, wg, s>>>(a);
     else flash_kernel<false, true, true><<<grid, kThreads, wg, s>>>(a);
   } else if (a.qk_wgmma) {

@@ -142,8 +142,6 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   router_route_ = prefill_router_route();
   attn_qk_wgmma_ = prefill_attn_qk_wgmma();
   attn_pv_wgmma_ = prefill_attn_pv_wgmma();
-  // q as one plane runs on the wgmma kernel only: the mma.sync routes keep it split.
-  attn_q_split_ = prefill_attn_q_split() || !(attn_qk_wgmma_ && attn_pv_wgmma_);
   // Measurement knob: rows per expert tile (0 = the route's default; see MoePrefillScratch).
   if (const char* e = std::getenv("KESTREL_PREFILL_MOE_BM"); e != nullptr && *e != 0) {
     moe_bm_ = std::atoi(e);
@@ -178,8 +176,6 @@ PrefillGemmChoice prefill_gemm_choice_from_env() {
 }
 
 bool prefill_attn_p_split() { return env_choice("KESTREL_ATTN_P", {"bf16", "split"}) == 1; }
-
-bool prefill_attn_q_split() { return env_choice("KESTREL_ATTN_Q", {"split", "bf16"}) == 0; }
 
 bool prefill_attn_qk_wgmma() { return env_choice("KESTREL_ATTN_QK", {"wgmma", "sync"}) == 0; }
 
@@ -467,7 +463,6 @@ void PrefillStep::attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int
   a.out = buf_.attn;
   a.gated = true;
   a.p_split = attn_p_split_;
-  a.q_split = attn_q_split_;
   a.qk_wgmma = attn_qk_wgmma_;
   a.pv_wgmma = attn_pv_wgmma_;
   a.heads = c.num_attention_heads;

@@ -247,19 +247,6 @@ TEST(PrefillE2E, AttentionPSplit) {
   check_prompts(cpu_b, *gpu_b, "random q4, attention P split", seed + 100);
 }
 
-// q as one bf16 plane in Q K^T (KESTREL_ATTN_Q=bf16; the default, which every other e2e test
-// runs, is hi + lo).
-TEST(PrefillE2E, AttentionQBf16) {
-  REQUIRE_GPU();
-  const ScopedEnv env("KESTREL_ATTN_Q", "bf16");
-  ASSERT_FALSE(prefill_attn_q_split());
-  const ModelConfig c = small_real_width_config();
-  const uint32_t seed = 18;
-  cpu::CpuBackend cpu_b(random_weights(c, WFormat::Q4, WFormat::Q8, seed), 0);
-  auto gpu_b = make_cuda_backend(random_weights(c, WFormat::Q4, WFormat::Q8, seed), BackendOptions{});
-  check_prompts(cpu_b, *gpu_b, "random q4, attention q bf16", seed + 100);
-}
-
 // The router logits on the CUDA-core fp32 kernel (KESTREL_ROUTER_GEMM=fma; the default is the
 // tensor-core route, which every other e2e test runs).
 TEST(PrefillE2E, RouterOnFma) {

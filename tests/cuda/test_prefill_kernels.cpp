@@ -903,8 +903,7 @@ TEST(PrefillGdn, ChunkedMatchesRecurrence) {
 // ---------------------------------------------------------------------------------------------
 // Flash attention against cpu::attention over the same bf16 cache contents.
 // route: 0 = Q K^T and P V on wgmma (the default), 1 = Q K^T only, 2 = both on mma.sync.
-// q_split: q as bf16 hi + lo (else one bf16 plane, the default; route 0 only).
-void run_attn(int64_t T, int64_t pos0, uint32_t seed, bool p_split = true, int route = 0, bool q_split = true) {
+void run_attn(int64_t T, int64_t pos0, uint32_t seed, bool p_split = true, int route = 0) {
   std::mt19937 g(seed);
   const int H = 16, Hkv = 2, D = 256, rot = 64;
   const int64_t cap = pos0 + T + 5;
@@ -967,12 +966,10 @@ void run_attn(int64_t T, int64_t pos0, uint32_t seed, bool p_split = true, int r
   a.head_dim = D;
   a.rotary_dim = rot;
   a.p_split = p_split;
-  a.q_split = q_split;
   a.qk_wgmma = route < 2;
   a.pv_wgmma = route == 0;
   prefill_attn(a, nullptr);
-  const std::string what =
-      fmt::format("prefill_attn T={} pos0={} p_split={} q_split={} route={}", T, pos0, p_split, q_split, route);
+  const std::string what = fmt::format("prefill_attn T={} pos0={} p_split={} route={}", T, pos0, p_split, route);
   EXPECT_LT(rel_err(to_host<float>(*dout, want.size()), want, what.c_str()), 1e-2) << what;
   // The cache: rows before pos0 untouched, new rows = normed/roped k and raw v (bf16; at most one
   // rounding step apart where fp32 summation order differs), rows after untouched.
@@ -1034,37 +1031,6 @@ TEST(PrefillAttn, FlashBf16PMatchesCpu) {
     const ScopedEnv e("KESTREL_ATTN_QK", "bogus");
     EXPECT_THROW(prefill_attn_qk_wgmma(), Error);
   }
-}
-
-// q as one bf16 plane (KESTREL_ATTN_Q=bf16; the wgmma kernel only; the default is split) with P as one
-// plane (the default) and split; the switch's parsing; the launcher refuses it on mma.sync.
-TEST(PrefillAttn, FlashBf16QMatchesCpu) {
-  REQUIRE_GPU();
-  for (const bool ps : {false, true}) {
-    uint32_t seed = 700;
-    for (int64_t T : {1, 7, 63, 64, 65, 1000, 4096}) run_attn(T, 0, seed++, ps, 0, false);
-    run_attn(65, 1000, seed++, ps, 0, false);
-    run_attn(1, 37, seed++, ps, 0, false);
-  }
-  EXPECT_TRUE(prefill_attn_q_split());
-  {
-    const ScopedEnv e("KESTREL_ATTN_Q", "bf16");
-    EXPECT_FALSE(prefill_attn_q_split());
-  }
-  {
-    const ScopedEnv e("KESTREL_ATTN_Q", "bogus");
-    EXPECT_THROW(prefill_attn_q_split(), Error);
-  }
-  PrefillAttnArgs a;
-  a.T = 1;
-  a.capacity = 1;
-  a.head_dim = 256;
-  a.heads = 16;
-  a.kv_heads = 2;
-  a.rotary_dim = 64;
-  a.q_split = false;
-  a.qk_wgmma = false;
-  EXPECT_THROW(prefill_attn(a, nullptr), Error);
 }
 
 }  // namespace
