@@ -39,7 +39,7 @@ int& gdn_early_flag() {
   return f;
 }
 int& attn_mma_flag() {
-  static int f = env_choice("KESTREL_ATTN_DECODE", {0, 1}, 0);
+  static int f = env_choice("KESTREL_ATTN_DECODE", {0, 1}, 1);
   return f;
 }
 int& pdl_flag() {
