@@ -385,7 +385,6 @@ void run_bench(const BenchOpts& o) {
                        {"pdl", pdl},
                        {"pdl_pin", cuda::pdl_pin_enabled()},  // KESTREL_PDL_PIN (kernels.h)
                        {"gdn_early_trigger", cuda::gdn_early_trigger()},
-                       {"attn_decode_mma", cuda::attn_decode_mma()},  // KESTREL_ATTN_DECODE
                        {"moe_down_early", cuda::moe_down_early()},  // KESTREL_MOE_DOWN_EARLY
                        {"moe_gate_up_depth", cuda::moe_gate_up_depth()},  // KESTREL_MOE_GU_DEPTH
                        {"gemv_preload", cuda::gemv_preload()},      // KESTREL_GEMV_PRELOAD

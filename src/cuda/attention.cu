@@ -1,15 +1,14 @@
 // Gated attention decode (model-spec §3.5) for one token, split over the context (flash decoding).
-// Block = (split, kv head): its 8 warps are the 8 query heads of the kv head, so each K/V tile is
-// read from memory once for all 8 heads. Per 32-position tile: K and V go to shared memory, lane p
-// of warp h scores position p for head h, an online softmax runs per warp, then lane l accumulates
-// dims 8l..8l+7 of P.V. A second kernel merges the splits and applies the sigmoid output gate.
+// Block = (split, kv head): its 8 warps serve the 8 query heads of the kv head, so each K/V tile is
+// read from memory once for all 8 heads. Per 32-position tile the scores and P.V run on the tensor
+// cores (mma.sync m16n8k16; the 16 rows are the 8 heads' q, then P, as bf16 hi in rows 0-7 and lo in
+// rows 8-15, so both products keep fp32-level accuracy against the bf16 cache) with an online
+// softmax in fp32 per head. A second kernel merges the splits and applies the sigmoid output gate.
 // q/k RMSNorm and partial NeoX RoPE are applied here; the split owning the new position writes
 // its k/v (bf16) to the cache and uses them directly (it does not read them back).
-// Two split kernels (attn_decode_mma(), kernels.h): the default runs the scores and P.V on the
-// tensor cores (mma.sync m16n8k16; the 16 rows are the 8 heads' q, then P, as bf16 hi in rows 0-7
-// and lo in rows 8-15, so both products keep fp32-level accuracy against the bf16 cache); the
-// other does both on the CUDA cores, lane = position (issue-bound at long contexts: ~2,000
-// instructions per warp and 32-position tile, measured 167 us per layer at 128K).
+// (An earlier split kernel did both products on the CUDA cores, lane = position: issue-bound at
+// long contexts, ~2,000 instructions per warp and tile, 167 us per layer at 128K; the tensor-core
+// kernel replaced it at +25 % end to end at 128K, bench/NOTES.md v15.)
 #include "cuda/common.cuh"
 #include "cuda/prefill_mma.h"
 
@@ -22,7 +21,6 @@ namespace {
 
 constexpr int D = 256;
 constexpr int kGroup = 8;            // query heads per kv head
-constexpr int kKStride = D / 2 + 1;  // u32 words per K row in shared memory (padded: no conflicts)
 constexpr int kRot = 64;             // rotary dims (the launcher checks): 32 frequencies, one per lane
 
 __device__ __forceinline__ int chunk_for(int len, int nsplit) {
@@ -67,161 +65,9 @@ __device__ __forceinline__ void ld8(float (&x)[8], const float* p) {
   x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w; x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
 }
 
-// Latency, not bandwidth, bounds this kernel at short contexts (a few blocks of one or two tiles),
-// so the serial chain is kept to: pos load -> first K/V tile loads (both before pdl_wait) -> q
-// load -> q and new k norm + rope while the tile flies -> tile loop. The rope angles are one sincosf
-// per lane (32 frequencies), shuffled to the dims; the first version inlined powf+sinf+cosf for
-// each of 8 dims twice: 105 KB of code (27 us per launch at 100 positions, measured), cold in the
-// instruction cache on every launch.
-// The new position's k/v row does not go through the cache: the warp whose lanes load that row's
-// pieces (row r of a tile is loaded by warp r % 8, lane c holding dims 8c..8c+7, the layout of
-// norm_rope) computes it, writes it to the cache, keeps it in its lanes' slots of knew/vnew and
-// substitutes it in its own tile registers when the tile of pos comes.
-__global__ void __launch_bounds__(256) attn_split_kernel(const __grid_constant__ AttnDecodeArgs a) {
-  __shared__ uint32_t Ks[kAttnTile * kKStride];
-  __shared__ uint4 Vs[kAttnTile * (D / 8)];
-  __shared__ __align__(16) float qs[kGroup * D];
-  __shared__ uint4 knew[D / 8], vnew[D / 8];  // the new row, kept by the lanes that load it
-  const int sp = blockIdx.x, g = blockIdx.y;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int h = g * kGroup + warp;
-  // Weights and the rope frequencies do not depend on the predecessor. Lane i: frequency i of
-  // the CPU reference (inv_freq = 1 / theta^(2i/rot) in fp32).
-  const float4 qw0 = reinterpret_cast<const float4*>(a.q_norm)[2 * lane];
-  const float4 qw1 = reinterpret_cast<const float4*>(a.q_norm)[2 * lane + 1];
-  const float inv_freq = 1.f / powf(float(a.rope_theta), float(2 * lane) / float(kRot));
-  if (warp == 0 && lane < D * 4 / 128)  // k_norm into L2 for the warp that ropes the new k
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(a.k_norm + lane * 32));
-  // The position (written by step_begin) and the cached rows below it (earlier steps) come from
-  // two or more launches back: read before the wait (common.cuh), the first tile with them.
-  const int pos = *a.pos, len = pos + 1;
-  const int chunk = chunk_for(len, a.nsplit);
-  const int s0 = sp * chunk;
-  if (s0 >= len) return;
-  const int s1 = min(s0 + chunk, len);
-  const int Hkv = a.kv_heads;
-  // Rows [s0, s_cached) come from the cache; the owner of the new position supplies row pos.
-  const int s_cached = min(s1, pos);
-  const bool new_row = pos < s1 && warp == (pos & 7);  // this warp loads row pos's pieces
-  const int new_t0 = pos & ~(kAttnTile - 1), new_i = (pos & (kAttnTile - 1)) >> 3;
-
-  // K and V tiles: 32 rows x 32 16-byte pieces each, 4 pieces per thread per tensor (piece
-  // tid + 256 i: row 8i + warp, column lane). The next tile's loads are in flight while the
-  // current one is scored. Rows past the split are zero (their V must not be NaN garbage).
-  uint4 kreg[4], vreg[4];
-  auto load_tile = [&](int t0) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = 8 * i + warp;
-      kreg[i] = vreg[i] = make_uint4(0, 0, 0, 0);
-      if (t0 + row < s_cached) {
-        const size_t off = (size_t(t0 + row) * Hkv + g) * D + lane * 8;
-        kreg[i] = *reinterpret_cast<const uint4*>(a.kcache + off);
-        vreg[i] = *reinterpret_cast<const uint4*>(a.vcache + off);
-      }
-    }
-  };
-  load_tile(s0);
-  pdl_wait();  // q, and the new k and v, come from the projection just before
-  float x[8];
-  ld8(x, a.qg + size_t(h) * 2 * D + lane * 8);
-  float sn, cs;
-  sincosf(float(pos) * inv_freq, &sn, &cs);
-  // Query of head h = g*8 + warp: norm + rope, pre-scaled by D^-1/2. Each warp reads only its own
-  // row of qs; the first tile's barrier publishes it.
-  norm_rope(x, qw0, qw1, a.eps, cs, sn);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) x[e] *= 1.f / 16.f;
-  reinterpret_cast<float4*>(qs + warp * D)[2 * lane] = make_float4(x[0], x[1], x[2], x[3]);
-  reinterpret_cast<float4*>(qs + warp * D)[2 * lane + 1] = make_float4(x[4], x[5], x[6], x[7]);
-  // The new k/v row after q: with q's registers free, the tile loads in flight fit in 80 registers
-  // (3 blocks per SM at long contexts).
-  if (new_row) {
-    float kx[8], vx[8];
-    ld8(kx, a.k + size_t(g) * D + lane * 8);
-    ld8(vx, a.v + size_t(g) * D + lane * 8);
-    norm_rope(kx, reinterpret_cast<const float4*>(a.k_norm)[2 * lane],
-              reinterpret_cast<const float4*>(a.k_norm)[2 * lane + 1], a.eps, cs, sn);
-    const uint4 kb = pack_bf16x8(kx), vb = pack_bf16x8(vx);
-    const size_t off = (size_t(pos) * Hkv + g) * D + lane * 8;
-    *reinterpret_cast<uint4*>(a.kcache + off) = kb;
-    *reinterpret_cast<uint4*>(a.vcache + off) = vb;
-    knew[lane] = kb;  // read back by this same lane: no barrier
-    vnew[lane] = vb;
-  }
-
-  float m_run = -INFINITY, l_run = 0.f, acc[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-  const float* q = qs + warp * D;
-  for (int t0 = s0; t0 < s1; t0 += kAttnTile) {
-    if (new_row && t0 == new_t0) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (i == new_i) { kreg[i] = knew[lane]; vreg[i] = vnew[lane]; }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = 8 * i + warp;
-      uint32_t* kd = Ks + row * kKStride + lane * 4;
-      kd[0] = kreg[i].x; kd[1] = kreg[i].y; kd[2] = kreg[i].z; kd[3] = kreg[i].w;
-      Vs[row * (D / 8) + lane] = vreg[i];
-    }
-    __syncthreads();
-    const bool more = t0 + kAttnTile < s1;
-    if (more) load_tile(t0 + kAttnTile);
-    // Scores: lane = position; four independent partial sums (the dependent FMA chain was the
-    // critical path of the tile).
-    float p0 = 0.f, p1 = 0.f, p2 = 0.f, p3 = 0.f;
-    const uint32_t* kr = Ks + lane * kKStride;
-#pragma unroll 8
-    for (int wd = 0; wd < D / 2; wd += 2) {
-      const uint32_t k0 = kr[wd], k1 = kr[wd + 1];
-      const float4 qq = reinterpret_cast<const float4*>(q)[wd / 2];
-      p0 = fmaf(qq.x, __uint_as_float(k0 << 16), p0);
-      p1 = fmaf(qq.y, __uint_as_float(k0 & 0xffff0000u), p1);
-      p2 = fmaf(qq.z, __uint_as_float(k1 << 16), p2);
-      p3 = fmaf(qq.w, __uint_as_float(k1 & 0xffff0000u), p3);
-    }
-    float sc = (p0 + p1) + (p2 + p3);
-    if (t0 + lane >= s1) sc = -INFINITY;
-    const float mt = warp_max(sc);
-    const float m_new = fmaxf(m_run, mt);
-    const float corr = expf(m_run - m_new);
-    const float p = expf(sc - m_new);
-    l_run = l_run * corr + warp_sum(p);
-    m_run = m_new;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] *= corr;
-    // All 32 rows: past the split p is 0 and V is 0, so no runtime trip count.
-#pragma unroll 8
-    for (int jj = 0; jj < kAttnTile; ++jj) {
-      const float pj = __shfl_sync(0xffffffffu, p, jj);
-      const uint4 vv = Vs[jj * (D / 8) + lane];
-      acc[0] = fmaf(pj, __uint_as_float(vv.x << 16), acc[0]);
-      acc[1] = fmaf(pj, __uint_as_float(vv.x & 0xffff0000u), acc[1]);
-      acc[2] = fmaf(pj, __uint_as_float(vv.y << 16), acc[2]);
-      acc[3] = fmaf(pj, __uint_as_float(vv.y & 0xffff0000u), acc[3]);
-      acc[4] = fmaf(pj, __uint_as_float(vv.z << 16), acc[4]);
-      acc[5] = fmaf(pj, __uint_as_float(vv.z & 0xffff0000u), acc[5]);
-      acc[6] = fmaf(pj, __uint_as_float(vv.w << 16), acc[6]);
-      acc[7] = fmaf(pj, __uint_as_float(vv.w & 0xffff0000u), acc[7]);
-    }
-    if (more) __syncthreads();  // the next tile overwrites Ks/Vs
-  }
-  pdl_launch_dependents();  // the tiles are done; what is left is this split's store
-  float* out = a.partial + (size_t(h) * a.nsplit + sp) * (D + 2);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) out[lane * 8 + e] = acc[e];
-  if (lane == 0) {
-    out[D] = m_run;
-    out[D + 1] = l_run;
-  }
-}
-
-// The split kernel on the tensor cores. Same block (split, kv head), grid, loads (a 32-position
-// tile in registers one tile ahead), new-row handling and partial layout as attn_split_kernel; per
-// tile, three phases between barriers:
+// The split kernel. Block (split, kv head); the split's 32-position K/V tiles are loaded into
+// registers one tile ahead (row r of a tile by warp r % 8, lane c holding dims 8c..8c+7), stored to
+// shared memory, then three phases between barriers:
 //   A  S = Q K^T: warp w takes positions 8 (w & 3) .. +7 over dims 128 (w >> 2) .. +127 (8 mma;
 //      the A fragments of Q are loaded once), writing its 16 x 8 partial to sS[w >> 2].
 //   B  softmax: warp h takes head h: lane = position, s = both dim halves of rows h (q hi) and
@@ -232,6 +78,16 @@ __global__ void __launch_bounds__(256) attn_split_kernel(const __grid_constant__
 // K and V tiles are double-buffered in shared memory, so the next tile's stores need no barrier
 // of their own: the previous user of that buffer (two tiles back) finished before this tile's
 // first barrier.
+// Latency, not bandwidth, bounds the kernel at short contexts (a few blocks of one or two tiles),
+// so the serial chain is kept to: pos load -> first K/V tile loads (both before pdl_wait) -> q
+// load -> q and new k norm + rope while the tile flies -> tile loop. The rope angles are one sincosf
+// per lane (32 frequencies), shuffled to the dims; the first version inlined powf+sinf+cosf for
+// each of 8 dims twice: 105 KB of code (27 us per launch at 100 positions, measured), cold in the
+// instruction cache on every launch.
+// The new position's k/v row does not go through the cache: the warp whose lanes load that row's
+// pieces (row r of a tile is loaded by warp r % 8, lane c holding dims 8c..8c+7, the layout of
+// norm_rope) computes it, writes it to the cache, keeps it in its lanes' slots of knew/vnew and
+// substitutes it in its own tile registers when the tile of pos comes.
 constexpr int kRowP = D + 8;  // bf16 per K/V/Q row in shared memory (528 bytes: ldmatrix conflict-free)
 constexpr int kSP = 40;       // S (fp32) and P (bf16) row stride
 struct AttnMmaSmem {
@@ -463,16 +319,12 @@ int attn_nsplit(int64_t capacity) {
 }
 
 void attn_decode_launch(const AttnDecodeArgs& a, cudaStream_t s) {
-  if (attn_decode_mma()) {
-    static std::once_flag once;
-    std::call_once(once, [] {
-      KCUDA(cudaFuncSetAttribute(attn_split_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 kMmaSmemBytes));
-    });
-    launch_pdl(attn_split_mma_kernel, dim3(a.nsplit, a.kv_heads), dim3(256), size_t(kMmaSmemBytes), s, a);
-  } else {
-    launch_pdl(attn_split_kernel, dim3(a.nsplit, a.kv_heads), dim3(256), 0, s, a);
-  }
+  static std::once_flag once;
+  std::call_once(once, [] {
+    KCUDA(cudaFuncSetAttribute(attn_split_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               kMmaSmemBytes));
+  });
+  launch_pdl(attn_split_mma_kernel, dim3(a.nsplit, a.kv_heads), dim3(256), size_t(kMmaSmemBytes), s, a);
   launch_pdl(attn_combine_kernel, dim3(a.heads, D / kCombineDims), dim3(256), 0, s, a);
 }
 

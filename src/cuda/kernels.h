@@ -244,11 +244,6 @@ constexpr int kAttnMaxSplits = 512;
 constexpr int kAttnTile = 32;           // positions per shared-memory tile
 constexpr int kAttnMinChunk = 64;       // positions per split block at least (grid sizing)
 int attn_nsplit(int64_t capacity);      // splits per kv head for a cache of this capacity
-// Attention decode's split kernel: scores and P.V on the tensor cores (KESTREL_ATTN_DECODE=1, the
-// default; attention.cu) or on the CUDA cores (0; measured in bench/NOTES.md v15: +25 % at 128K).
-// Read when kernels are launched or captured.
-bool attn_decode_mma();
-void set_attn_decode_mma(bool on);
 void attn_decode(const AttnDecodeArgs& a, cudaStream_t s);
 
 // MoE decode of one token. The routing (topk_idx ascending, topk_w) comes from the router

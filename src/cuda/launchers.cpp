@@ -38,10 +38,6 @@ int& gdn_early_flag() {
   static int f = env_choice("KESTREL_GDN_EARLY", {0, 1}, 1);
   return f;
 }
-int& attn_mma_flag() {
-  static int f = env_choice("KESTREL_ATTN_DECODE", {0, 1}, 1);
-  return f;
-}
 int& pdl_flag() {
   static int f = env_choice("KESTREL_PDL", {0, 1}, 1);
   return f;
@@ -92,8 +88,6 @@ bool pdl_enabled() { return pdl_flag() != 0; }
 bool pdl_pin_enabled() { return pdl_pin_flag() != 0; }
 void set_pdl_pin(bool on) { pdl_pin_flag() = on ? 1 : 0; }
 bool gdn_early_trigger() { return gdn_early_flag() != 0; }
-bool attn_decode_mma() { return attn_mma_flag() != 0; }
-void set_attn_decode_mma(bool on) { attn_mma_flag() = on ? 1 : 0; }
 void set_gdn_early_trigger(bool on) { gdn_early_flag() = on ? 1 : 0; }
 size_t pinned_smem(const void* func, size_t dyn, int per_sm) {
   if (!pdl_pin_enabled()) return dyn;

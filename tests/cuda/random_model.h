@@ -1,6 +1,6 @@
 // Random models for the CUDA end-to-end tests: the real per-layer widths with few layers
 // (3 GDN + 1 attention, 16 experts top-4, vocabulary 4096) and random weights in any format, with
-// their storage in ModelWeights::owned (the same construction as test_backend.cpp).
+// their storage in ModelWeights::owned (shared by test_backend.cpp and test_prefill_e2e.cpp).
 #pragma once
 #include "core/config.h"
 #include "core/weights.h"

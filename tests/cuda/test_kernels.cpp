@@ -408,24 +408,17 @@ void run_attention(int64_t capacity, int pos, uint32_t seed) {
   expect_close(knew, kwant, 1e-3f, 1e-2f, w + " cached k");
 }
 
-// Both split kernels (the tensor-core default and the CUDA-core one), restored after.
 TEST(CudaAttention, DecodeMatchesCpuAcrossSplitThresholds) {
   REQUIRE_GPU();
-  const bool saved = attn_decode_mma();
-  for (const bool mma : {true, false}) {
-    SCOPED_TRACE(mma ? "tensor-core split kernel" : "CUDA-core split kernel");
-    set_attn_decode_mma(mma);
-    uint32_t seed = 400;
-    run_attention(64, 0, seed++);     // nsplit 1, first token
-    run_attention(64, 50, seed++);
-    for (int pos : {1, 31, 32, 33, 63, 64, 65, 4095, 4096, 4100, 8191})  // nsplit 128: chunk 32 -> 64
-      run_attention(8192, pos, seed++);
-    run_attention(40000, 32767, seed++);  // nsplit 512, chunk 64
-    run_attention(40000, 32768, seed++);  // chunk 96
-    run_attention(131072, 100000, seed++);
-    run_attention(131072, 131071, seed++);  // the last position: chunk 256, the new row last
-  }
-  set_attn_decode_mma(saved);
+  uint32_t seed = 400;
+  run_attention(64, 0, seed++);     // nsplit 1, first token
+  run_attention(64, 50, seed++);
+  for (int pos : {1, 31, 32, 33, 63, 64, 65, 4095, 4096, 4100, 8191})  // nsplit 128: chunk 32 -> 64
+    run_attention(8192, pos, seed++);
+  run_attention(40000, 32767, seed++);  // nsplit 512, chunk 64
+  run_attention(40000, 32768, seed++);  // chunk 96
+  run_attention(131072, 100000, seed++);
+  run_attention(131072, 131071, seed++);  // the last position: chunk 256, the new row last
 }
 
 // ---------------------------------------------------------------- MoE
