@@ -90,7 +90,7 @@ __device__ __forceinline__ void ld8(float (&x)[8], const float* p) {
 // substitutes it in its own tile registers when the tile of pos comes.
 constexpr int kRowP = D + 8;  // bf16 per K/V/Q row in shared memory (528 bytes: ldmatrix conflict-free)
 constexpr int kSP = 40;       // S (fp32) and P (bf16) row stride
-struct AttnMmaSmem {
+struct AttnSplitSmem {
   uint16_t k[2][kAttnTile][kRowP];
   uint16_t v[2][kAttnTile][kRowP];
   uint16_t q[16][kRowP];
@@ -99,11 +99,11 @@ struct AttnMmaSmem {
   float corr[kGroup];
   uint4 knew[D / 8], vnew[D / 8];
 };
-constexpr int kMmaSmemBytes = int(sizeof(AttnMmaSmem));
+constexpr int kSplitSmemBytes = int(sizeof(AttnSplitSmem));
 
-__global__ void __launch_bounds__(256, 2) attn_split_mma_kernel(const __grid_constant__ AttnDecodeArgs a) {
+__global__ void __launch_bounds__(256, 2) attn_split_kernel(const __grid_constant__ AttnDecodeArgs a) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  AttnMmaSmem& sm = *reinterpret_cast<AttnMmaSmem*>(smem_raw);
+  AttnSplitSmem& sm = *reinterpret_cast<AttnSplitSmem*>(smem_raw);
   const int sp = blockIdx.x, g = blockIdx.y;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const float4 qw0 = reinterpret_cast<const float4*>(a.q_norm)[2 * lane];
@@ -321,10 +321,10 @@ int attn_nsplit(int64_t capacity) {
 void attn_decode_launch(const AttnDecodeArgs& a, cudaStream_t s) {
   static std::once_flag once;
   std::call_once(once, [] {
-    KCUDA(cudaFuncSetAttribute(attn_split_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               kMmaSmemBytes));
+    KCUDA(cudaFuncSetAttribute(attn_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               kSplitSmemBytes));
   });
-  launch_pdl(attn_split_mma_kernel, dim3(a.nsplit, a.kv_heads), dim3(256), size_t(kMmaSmemBytes), s, a);
+  launch_pdl(attn_split_kernel, dim3(a.nsplit, a.kv_heads), dim3(256), size_t(kSplitSmemBytes), s, a);
   launch_pdl(attn_combine_kernel, dim3(a.heads, D / kCombineDims), dim3(256), 0, s, a);
 }
 

@@ -76,20 +76,17 @@ if [ -n "${DEC_VARIANTS+x}" ]; then
   cat "$W/abdec/ab.log" | tee -a "$S"
   pack
 fi
-if [ -n "${REC_DEC_Q4:-}" ] && [ "$REC_DEC_Q4" != none ]; then
-  T0=$(date +%s)
-  env ${REC_DEC_ENV:-} timeout 200 $B/kestrel bench --synthetic q4 --contexts "$REC_DEC_Q4" --steps 128 --gemv 1 --pdl on --moe mma \
-    --route auto --route-algo block --out "$W/results" > "$W/rec_dec_q4.log" 2>&1
-  note "decode records q4: rc=$? in $(( $(date +%s) - T0 )) s"; grep -vE '^\s*$' "$W/rec_dec_q4.log" | tail -6 | tee -a "$S"
+# rec_dec WEIGHTS CONTEXTS MOE LIMIT_S: the decode bench's JSON records (under REC_DEC_ENV) into results/.
+rec_dec() {
+  [ -n "$2" ] && [ "$2" != none ] || return 0
+  local T0; T0=$(date +%s)
+  env ${REC_DEC_ENV:-} timeout "$4" $B/kestrel bench --synthetic "$1" --contexts "$2" --steps 128 --gemv 1 --pdl on \
+    --moe "$3" --route auto --route-algo block --out "$W/results" > "$W/rec_dec_$1.log" 2>&1
+  note "decode records $1: rc=$? in $(( $(date +%s) - T0 )) s"; grep -vE '^\s*$' "$W/rec_dec_$1.log" | tail -6 | tee -a "$S"
   pack
-fi
-if [ -n "${REC_DEC_BF16:-}" ] && [ "$REC_DEC_BF16" != none ]; then
-  T0=$(date +%s)
-  env ${REC_DEC_ENV:-} timeout 100 $B/kestrel bench --synthetic bf16 --contexts "$REC_DEC_BF16" --steps 128 --gemv 1 --pdl on --moe split \
-    --route auto --route-algo block --out "$W/results" > "$W/rec_dec_bf16.log" 2>&1
-  note "decode records bf16: rc=$? in $(( $(date +%s) - T0 )) s"; grep -vE '^\s*$' "$W/rec_dec_bf16.log" | tail -4 | tee -a "$S"
-  pack
-fi
+}
+rec_dec q4 "${REC_DEC_Q4:-}" mma 200
+rec_dec bf16 "${REC_DEC_BF16:-}" split 100
 
 # record WEIGHTS SIZES LIMIT_S: the prompt bench's JSON records (under REC_ENV) into results/.
 record() {
