@@ -361,6 +361,232 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
   }
 }
 
+// The wide kernel (a.wide, the default): 128 query rows of one head per block, two warpgroups of
+// 64 rows each sharing 64-key K and V tiles; P as one bf16 plane; Q K^T on wgmma m64n64k16 (both
+// operands in shared memory), P V on wgmma m64n64k16 with P from registers. Per key tile each
+// warpgroup issues Q K^T of the next tile ahead of P V of this one and runs the next tile's
+// softmax while its P V is on the tensor pipe (o is rescaled once that group is done).
+// Versus flash_kernel: twice the keys per wgmma (N = 64: the Q K^T steps stop being bound by A's
+// shared-memory reads), half the K/V copies per query, half the barriers per key.
+constexpr int WQT = 128, WKT = 64, kWideThreads = 256;
+struct AttnWideSmem {
+  uint8_t q[2][D / 64][WQT * 128];  // Q hi, lo: K-major in the 128-byte swizzle per 64-wide d chunk
+  uint8_t k[D / 64][WKT * 128];     // K tile, the same layout
+  uint8_t v[D / 64][WKT * 128];     // V tile, read MN-major by the P V wgmma
+};
+constexpr int kWideSmemBytes = int(sizeof(AttnWideSmem)) + 1024;
+
+__global__ void __launch_bounds__(kWideThreads, 1) flash_wide_kernel(const PrefillAttnArgs a) {
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  AttnWideSmem& sw =
+      *reinterpret_cast<AttnWideSmem*>(smem_raw + ((1024 - (pf::smem_u32(smem_raw) & 1023)) & 1023));
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wgi = warp >> 2, wl = warp & 3;  // warpgroup, warp within it
+  const int h = blockIdx.y, kvh = h / (a.heads / a.kv_heads);
+  const int64_t q0 = int64_t(blockIdx.x) * WQT;
+  const int64_t nkeys = a.pos0 + a.T;
+  const int64_t kstride = int64_t(a.kv_heads) * D;
+
+  // Q tile (rows beyond T zero).
+  for (int i = tid; i < WQT * (D / 8); i += kWideThreads) {
+    const int r = i / (D / 8), c8 = i % (D / 8);
+    const int64_t t = q0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0), vl = make_uint4(0, 0, 0, 0);
+    if (t < a.T) {
+      v = reinterpret_cast<const uint4*>(a.qbuf + (t * a.heads + h) * D)[c8];
+      vl = reinterpret_cast<const uint4*>(a.qbuf + (a.T + t) * a.heads * D + int64_t(h) * D)[c8];
+    }
+    *reinterpret_cast<uint4*>(&sw.q[0][c8 >> 3][sw128_off(r, c8 & 7)]) = v;
+    *reinterpret_cast<uint4*>(&sw.q[1][c8 >> 3][sw128_off(r, c8 & 7)]) = vl;
+  }
+  wg::fence_proxy_async();  // (published by the first barrier)
+
+  float o[32][4];
+#pragma unroll
+  for (int n = 0; n < 32; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+  float s[8][4];
+  uint32_t af[WKT / 16][4];
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f}, corr[2] = {1.f, 1.f};
+  const float sl2 = rsqrtf(float(D)) * 1.4426950408889634f;  // scale * log2(e)
+  const int64_t row0 = q0 + 64 * wgi + 16 * wl + (lane >> 2);  // this thread's rows: row0, row0 + 8
+  const int64_t qpos[2] = {a.pos0 + row0, a.pos0 + row0 + 8};
+  const int64_t last_q = a.pos0 + min(q0 + WQT, a.T) - 1;  // the block's last query position
+  const int ntiles = int(last_q / WKT) + 1;
+  const uint32_t qb = pf::smem_u32(&sw.q[0][0][0]) + uint32_t(wgi * 64 * 128);
+  const uint32_t kb = pf::smem_u32(&sw.k[0][0]), vb = pf::smem_u32(&sw.v[0][0]);
+
+  auto load_tile = [&](bool is_k, int64_t kv0) {
+    const uint16_t* cache = is_k ? a.kcache : a.vcache;
+    for (int i = tid; i < WKT * (D / 8); i += kWideThreads) {
+      const int r = i / (D / 8), c8 = i % (D / 8);
+      const int64_t kp = kv0 + r;
+      const bool ok = kp < nkeys;
+      uint8_t* dst = is_k ? &sw.k[c8 >> 3][sw128_off(r, c8 & 7)] : &sw.v[c8 >> 3][sw128_off(r, c8 & 7)];
+      pf::cp_async16(dst, cache + (ok ? kp : 0) * kstride + int64_t(kvh) * D + 8 * c8, ok);
+    }
+    pf::cp_async_commit();
+  };
+  // S = Q K^T of the staged K tile (issued and committed, not waited for).
+  auto issue_qk = [&] {
+    wg::fence();
+#pragma unroll
+    for (int ck = 0; ck < D / 64; ++ck)
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const uint64_t db = wg::desc_sw128(kb + uint32_t(ck * WKT * 128 + 32 * ks));
+        wg::mma_m64n64k16_bf16(s, wg::desc_sw128(qb + uint32_t(ck * WQT * 128 + 32 * ks)), db, ck + ks > 0);
+        wg::mma_m64n64k16_bf16(s, wg::desc_sw128(qb + uint32_t((D / 64 + ck) * WQT * 128 + 32 * ks)), db, true);
+      }
+    wg::commit();
+  };
+  // Online softmax of S (base 2, causal mask) into P (in s), the row sums, and corr (o's factor).
+  auto softmax = [&](int64_t kv0) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t kp = kv0 + n * 8 + 2 * (lane & 3) + e;
+          const float v = kp <= qpos[hh] ? s[n][2 * hh + e] * sl2 : -INFINITY;
+          s[n][2 * hh + e] = v;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float mnew = fmaxf(mrow[hh], mx);
+      const float muse = mnew == -INFINITY ? 0.f : mnew;
+      corr[hh] = exp2f(mrow[hh] - muse);
+      mrow[hh] = mnew;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float v = exp2f(s[n][2 * hh + e] - muse);
+          s[n][2 * hh + e] = v;
+          sum += v;
+        }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      lrow[hh] = lrow[hh] * corr[hh] + sum;
+    }
+  };
+  // o *= corr per row half, skipped when no row of the warp has a new maximum (o * 1 is o).
+  auto rescale = [&] {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+      if (__any_sync(0xffffffffu, corr[hh] != 1.f)) {
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+          o[n][2 * hh] *= corr[hh];
+          o[n][2 * hh + 1] *= corr[hh];
+        }
+      }
+  };
+
+  // Prologue: tile 0's K and V, its scores and softmax (o is zero: no rescale); tile 1's K.
+  load_tile(true, 0);
+  load_tile(false, 0);
+  pf::cp_async_wait<1>();
+  wg::fence_proxy_async();
+  __syncthreads();  // K 0 and Q visible
+  issue_qk();
+  wg::wait<0>();
+  wg::fence_acc(s);
+  __syncthreads();  // every warpgroup is done with K 0
+  if (ntiles > 1) load_tile(true, WKT);
+  softmax(0);
+
+  // P (in s) as the bf16 A fragments of P V (before s takes the next tile's scores).
+  auto pack_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < WKT / 16; ++kk) {
+      af[kk][0] = pf::pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+      af[kk][1] = pf::pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+      af[kk][2] = pf::pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      af[kk][3] = pf::pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+  };
+  // O += P V of the staged V tile (committed, not waited for).
+  auto issue_pv = [&] {
+    wg::fence();  // (o was rescaled by ordinary code)
+#pragma unroll
+    for (int kk = 0; kk < WKT / 16; ++kk)
+#pragma unroll
+      for (int dc = 0; dc < D / 64; ++dc) {
+        const uint64_t db = wg::desc_sw128(vb + uint32_t(dc * WKT * 128 + kk * 16 * 128));
+        auto& od = reinterpret_cast<float(&)[8][4]>(o[8 * dc]);
+        wg::mma_m64n64k16_bf16_rs<1>(od, af[kk], db, true);
+      }
+    wg::commit();
+  };
+  // After P V's group is waited for: o is the compiler's again, and the P fragments may be rewritten.
+  auto pv_done = [&] {
+    wg::fence_acc(o);
+#pragma unroll
+    for (int kk = 0; kk < WKT / 16; ++kk)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(af[kk][i]));
+  };
+
+  // Tile j < ntiles - 1: P(j) in s (softmaxed), o rescaled to its maximum; K(j+1) and V(j) in
+  // flight or landed (committed in that order, except at j = 0: V(0) first).
+  for (int j = 0; j + 1 < ntiles; ++j) {
+    const int64_t kv1 = int64_t(j + 1) * WKT;
+    pack_p();
+    if (j == 0) pf::cp_async_wait<0>();
+    else pf::cp_async_wait<1>();
+    wg::fence_proxy_async();
+    __syncthreads();  // K(j+1) visible
+    issue_qk();       // S(j+1) = Q K(j+1)^T, ahead of P V of tile j
+    pf::cp_async_wait<0>();
+    wg::fence_proxy_async();
+    __syncthreads();  // V(j) visible
+    issue_pv();
+    wg::wait<1>();    // S(j+1) done (P V of tile j may still run)
+    wg::fence_acc(s);
+    __syncthreads();  // every warpgroup is done with K(j+1)
+    if (j + 2 < ntiles) load_tile(true, kv1 + WKT);
+    softmax(kv1);     // while P V of tile j is on the tensor pipe
+    wg::wait<0>();
+    pv_done();
+    rescale();
+    __syncthreads();  // every warpgroup is done with V(j)
+    load_tile(false, kv1);
+  }
+  // The last tile: P V only.
+  pack_p();
+  pf::cp_async_wait<0>();
+  wg::fence_proxy_async();
+  __syncthreads();
+  issue_pv();
+  wg::wait<0>();
+  pv_done();
+  // Epilogue: 1/l, output gate.
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int64_t t = row0 + 8 * hh;
+    if (t >= a.T) continue;
+    const float inv = 1.f / lrow[hh];
+    float* out = a.out + t * (int64_t(a.heads) * D) + int64_t(h) * D;
+    const float* gate = a.qg + t * (a.ld ? a.ld : int64_t(a.heads) * 2 * D) + int64_t(h) * 2 * D + D;
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      const int d = n * 8 + 2 * (lane & 3);
+      float v0 = o[n][2 * hh] * inv, v1 = o[n][2 * hh + 1] * inv;
+      if (a.gated) {
+        v0 *= sigmoid_f(gate[d]);
+        v1 *= sigmoid_f(gate[d + 1]);
+      }
+      *reinterpret_cast<float2*>(out + d) = make_float2(v0, v1);
+    }
+  }
+}
+
 std::once_flag g_attn_once;
 
 }  // namespace
@@ -379,6 +605,7 @@ void prefill_attn_init() {
     flash_init_one<false, true, false>();
     flash_init_one<true, true, true>();
     flash_init_one<false, true, true>();
+    KCUDA(cudaFuncSetAttribute(flash_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWideSmemBytes));
   });
 }
 
@@ -393,7 +620,11 @@ void prefill_attn_launch(const PrefillAttnArgs& a, cudaStream_t s) {
   const dim3 grid(unsigned((a.T + QT - 1) / QT), unsigned(a.heads));
   const size_t wg = kWgSmemBytes, sync = sizeof(AttnSmem);
   // (qk_wgmma = false runs P V on mma.sync too: the wgmma P V needs the wgmma layout.)
-  if (a.qk_wgmma && a.pv_wgmma) {
+  if (a.wide) {
+    // (One route: both products on wgmma, P one bf16 plane; prefill_attn checks it.)
+    const dim3 wgrid(unsigned((a.T + WQT - 1) / WQT), unsigned(a.heads));
+    flash_wide_kernel<<<wgrid, kWideThreads, kWideSmemBytes, s>>>(a);
+  } else if (a.qk_wgmma && a.pv_wgmma) {
     if (a.p_split) flash_kernel<true, true, true><<<grid, kThreads, wg, s>>>(a);
     else flash_kernel<false, true, true><<<grid, kThreads, wg, s>>>(a);
   } else if (a.qk_wgmma) {

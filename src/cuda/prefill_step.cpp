@@ -142,6 +142,10 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   router_route_ = prefill_router_route();
   attn_qk_wgmma_ = prefill_attn_qk_wgmma();
   attn_pv_wgmma_ = prefill_attn_pv_wgmma();
+  attn_wide_ = prefill_attn_wide();
+  KESTREL_CHECK(!attn_wide_ || (attn_qk_wgmma_ && attn_pv_wgmma_ && !attn_p_split_),
+                "KESTREL_ATTN_TILE=128x64 runs Q K^T and P V on wgmma with P as one bf16 plane: it does not "
+                "combine with KESTREL_ATTN_P=split or KESTREL_ATTN_QK/PV=sync");
   // Measurement knob: rows per expert tile (0 = the route's default; see MoePrefillScratch).
   if (const char* e = std::getenv("KESTREL_PREFILL_MOE_BM"); e != nullptr && *e != 0) {
     moe_bm_ = std::atoi(e);
@@ -180,6 +184,8 @@ bool prefill_attn_p_split() { return env_choice("KESTREL_ATTN_P", {"bf16", "spli
 bool prefill_attn_qk_wgmma() { return env_choice("KESTREL_ATTN_QK", {"wgmma", "sync"}) == 0; }
 
 bool prefill_attn_pv_wgmma() { return env_choice("KESTREL_ATTN_PV", {"wgmma", "sync"}) == 0; }
+
+bool prefill_attn_wide() { return env_choice("KESTREL_ATTN_TILE", {"64x32", "128x64"}) == 1; }
 
 PipeMma prefill_pipe_q4_mma() {
   constexpr PipeMma m[] = {PipeMma::Auto, PipeMma::Wgmma, PipeMma::Ws, PipeMma::Rs,
@@ -465,6 +471,7 @@ void PrefillStep::attn_layer(const DLayer& d, DSeq& sq, int l, int64_t pos0, int
   a.p_split = attn_p_split_;
   a.qk_wgmma = attn_qk_wgmma_;
   a.pv_wgmma = attn_pv_wgmma_;
+  a.wide = attn_wide_;
   a.heads = c.num_attention_heads;
   a.kv_heads = c.num_kv_heads;
   a.head_dim = c.head_dim;

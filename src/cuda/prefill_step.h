@@ -136,8 +136,8 @@ class PrefillStep {
   int64_t range_redos_ = 0;
   int moe_bm_ = 0;  // KESTREL_PREFILL_MOE_BM (F16 route; 0 = default)
   PrefillGemmChoice gemm_choice_ = PrefillGemmChoice::Auto;
-  // The attention kernel's routes (KESTREL_ATTN_P / _QK / _PV, read once at construction).
-  bool attn_p_split_ = false, attn_qk_wgmma_ = true, attn_pv_wgmma_ = true;
+  // The attention kernel's routes (KESTREL_ATTN_P / _QK / _PV / _TILE, read once at construction).
+  bool attn_p_split_ = false, attn_qk_wgmma_ = true, attn_pv_wgmma_ = true, attn_wide_ = false;
   F32GemmRoute router_route_ = F32GemmRoute::Tc;
   PrefillGemmKernel kernel_ = PrefillGemmKernel::Reg;  // of the chunk being enqueued
 };

@@ -124,6 +124,25 @@ __device__ __forceinline__ void mma_m64n32k16_bf16(float (&d)[4][4], uint64_t da
       : "l"(da), "l"(db), "r"(int(accumulate)));
 }
 
+// d (+)= A B for a 64 x 64 x 16 step, both operands K-major in shared memory (the wide prompt
+// attention's Q K^T over a 64-key tile): d[j][e] as above for j < 8. accumulate = false: d = A B.
+__device__ __forceinline__ void mma_m64n64k16_bf16(float (&d)[8][4], uint64_t da, uint64_t db, bool accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
+        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
+        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
+        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(da), "l"(db), "r"(int(accumulate)));
+}
+
 // d (+)= A B for a 64 x 256 x 16 step (B [256, 16]), both operands K-major in shared memory,
 // accumulating: d[j][e] as the m64n128 step's for j < 32 (128 accumulators per thread).
 #define KESTREL_WG_D128_LIST \
