@@ -383,7 +383,8 @@ __global__ void __launch_bounds__(kWideThreads, 1) flash_wide_kernel(const Prefi
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wgi = warp >> 2, wl = warp & 3;  // warpgroup, warp within it
   const int h = blockIdx.y, kvh = h / (a.heads / a.kv_heads);
-  const int64_t q0 = int64_t(blockIdx.x) * WQT;
+  // The longest blocks (the last queries: the most keys) first, so that the short ones fill the tail.
+  const int64_t q0 = int64_t(gridDim.x - 1 - blockIdx.x) * WQT;
   const int64_t nkeys = a.pos0 + a.T;
   const int64_t kstride = int64_t(a.kv_heads) * D;
 
@@ -442,16 +443,27 @@ __global__ void __launch_bounds__(kWideThreads, 1) flash_wide_kernel(const Prefi
     wg::commit();
   };
   // Online softmax of S (base 2, causal mask) into P (in s), the row sums, and corr (o's factor).
+  // The mask applies only where the tile's last key is past the warpgroup's first query.
+  const int64_t wg_first = a.pos0 + q0 + 64 * wgi;
   auto softmax = [&](int64_t kv0) {
+    const bool masked = kv0 + WKT - 1 > wg_first;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       float mx = -INFINITY;
+      if (masked) {
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int64_t kp = kv0 + n * 8 + 2 * (lane & 3) + e;
+            if (kp > qpos[hh]) s[n][2 * hh + e] = -INFINITY;
+          }
+      }
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int64_t kp = kv0 + n * 8 + 2 * (lane & 3) + e;
-          const float v = kp <= qpos[hh] ? s[n][2 * hh + e] * sl2 : -INFINITY;
+          const float v = s[n][2 * hh + e] * sl2;
           s[n][2 * hh + e] = v;
           mx = fmaxf(mx, v);
         }
