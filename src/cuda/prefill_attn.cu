@@ -121,6 +121,110 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const PrefillAttnArgs a)
   }
 }
 
+// Shared by both flash kernels (score tiles in the m16n8 accumulator layout: s[n][e] is row
+// lane / 4 + 8 (e / 2) of the warp's 16, key 8 n + 2 (lane % 4) + (e % 2) of the tile).
+// -inf for the keys of row half hh past its query position.
+template <int NT>
+__device__ __forceinline__ void causal_mask(float (&s)[NT][4], int hh, int64_t kv0, int64_t qpos) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      if (kv0 + n * 8 + 2 * (lane & 3) + e > qpos) s[n][2 * hh + e] = -INFINITY;
+}
+// One online-softmax step (base 2) of row half hh: s *= sl2, the new row max m, P = exp2(s - m)
+// into p (which may be s), the row sum folded into l; returns the factor for o.
+template <int NT>
+__device__ __forceinline__ float softmax_half(float (&s)[NT][4], float (&p)[NT][4], int hh, float sl2, float& m,
+                                              float& l) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float v = s[n][2 * hh + e] * sl2;
+      s[n][2 * hh + e] = v;
+      mx = fmaxf(mx, v);
+    }
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float mnew = fmaxf(m, mx);
+  const float muse = mnew == -INFINITY ? 0.f : mnew;
+  const float corr = exp2f(m - muse);
+  m = mnew;
+  float sum = 0.f;
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float v = exp2f(s[n][2 * hh + e] - muse);
+      p[n][2 * hh + e] = v;
+      sum += v;
+    }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  l = l * corr + sum;
+  return corr;
+}
+// Q's hi and lo planes for query rows q0 .. q0 + ROWS - 1 of head h (rows beyond T zero), K-major
+// in the 128-byte swizzle per 64-wide d chunk.
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void stage_q_sw128(const PrefillAttnArgs& a, int64_t q0, int h,
+                                              uint8_t (&q)[2][D / 64][ROWS * 128]) {
+  for (int i = threadIdx.x; i < ROWS * (D / 8); i += THREADS) {
+    const int r = i / (D / 8), c8 = i % (D / 8);
+    const int64_t t = q0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0), vl = make_uint4(0, 0, 0, 0);
+    if (t < a.T) {
+      v = reinterpret_cast<const uint4*>(a.qbuf + (t * a.heads + h) * D)[c8];
+      vl = reinterpret_cast<const uint4*>(a.qbuf + (a.T + t) * a.heads * D + int64_t(h) * D)[c8];
+    }
+    *reinterpret_cast<uint4*>(&q[0][c8 >> 3][sw128_off(r, c8 & 7)]) = v;
+    *reinterpret_cast<uint4*>(&q[1][c8 >> 3][sw128_off(r, c8 & 7)]) = vl;
+  }
+}
+// O += P V on wgmma for a KTILE-key V tile at vb (MN-major in the 128-byte swizzle per 64-wide d
+// chunk), P from registers (its lo plane too when PS); committed, not waited for.
+template <int KTILE, bool PS>
+__device__ __forceinline__ void issue_pv_wgmma(float (&o)[32][4], const uint32_t (&af)[KTILE / 16][4],
+                                               const uint32_t (&afl)[KTILE / 16][4], uint32_t vb) {
+  wg::fence();  // (o was rescaled by ordinary code)
+#pragma unroll
+  for (int kk = 0; kk < KTILE / 16; ++kk)
+#pragma unroll
+    for (int dc = 0; dc < D / 64; ++dc) {
+      const uint64_t db = wg::desc_sw128(vb + uint32_t(dc * KTILE * 128 + kk * 16 * 128));
+      auto& od = reinterpret_cast<float(&)[8][4]>(o[8 * dc]);
+      wg::mma_m64n64k16_bf16_rs<1>(od, af[kk], db, true);
+      if constexpr (PS) wg::mma_m64n64k16_bf16_rs<1>(od, afl[kk], db, true);
+    }
+  wg::commit();
+}
+// Epilogue: o / l times the sigmoid output gate, for this thread's rows t and t + 8 of head h.
+__device__ __forceinline__ void flash_store(const PrefillAttnArgs& a, const float (&o)[32][4], const float (&l)[2],
+                                            int64_t t_first, int h) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int64_t t = t_first + 8 * hh;
+    if (t >= a.T) continue;
+    const float inv = 1.f / l[hh];
+    float* out = a.out + t * (int64_t(a.heads) * D) + int64_t(h) * D;
+    const float* gate = a.qg + t * (a.ld ? a.ld : int64_t(a.heads) * 2 * D) + int64_t(h) * 2 * D + D;
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      const int d = n * 8 + 2 * (lane & 3);
+      float v0 = o[n][2 * hh] * inv, v1 = o[n][2 * hh + 1] * inv;
+      if (a.gated) {
+        v0 *= sigmoid_f(gate[d]);
+        v1 *= sigmoid_f(gate[d + 1]);
+      }
+      *reinterpret_cast<float2*>(out + d) = make_float2(v0, v1);
+    }
+  }
+}
+
 // PS: P V with the probabilities as bf16 hi + lo; else P as one bf16 plane (the default: the
 // rounding every flash attention applies, ~2^-9 relative per weight, half the P V MMAs).
 // WG: Q K^T as 32 wgmma m64n32k16 per key tile (the block's 4 warps are one warpgroup; the
@@ -144,23 +248,22 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
   const int64_t kstride = int64_t(a.kv_heads) * D;
 
   // Q tile (rows beyond T zero).
-  for (int i = tid; i < QT * (D / 8); i += kThreads) {
-    const int r = i / (D / 8), c8 = i % (D / 8);
-    const int64_t t = q0 + r;
-    uint4 v = make_uint4(0, 0, 0, 0), vl = make_uint4(0, 0, 0, 0);
-    if (t < a.T) {
-      v = reinterpret_cast<const uint4*>(a.qbuf + (t * a.heads + h) * D)[c8];
-      vl = reinterpret_cast<const uint4*>(a.qbuf + (a.T + t) * a.heads * D + int64_t(h) * D)[c8];
-    }
-    if constexpr (WG) {
-      *reinterpret_cast<uint4*>(&sw.q[0][c8 >> 3][sw128_off(r, c8 & 7)]) = v;
-      *reinterpret_cast<uint4*>(&sw.q[1][c8 >> 3][sw128_off(r, c8 & 7)]) = vl;
-    } else {
+  if constexpr (WG) {
+    stage_q_sw128<QT, kThreads>(a, q0, h, sw.q);
+    wg::fence_proxy_async();  // (published by the loop's first barrier)
+  } else {
+    for (int i = tid; i < QT * (D / 8); i += kThreads) {
+      const int r = i / (D / 8), c8 = i % (D / 8);
+      const int64_t t = q0 + r;
+      uint4 v = make_uint4(0, 0, 0, 0), vl = make_uint4(0, 0, 0, 0);
+      if (t < a.T) {
+        v = reinterpret_cast<const uint4*>(a.qbuf + (t * a.heads + h) * D)[c8];
+        vl = reinterpret_cast<const uint4*>(a.qbuf + (a.T + t) * a.heads * D + int64_t(h) * D)[c8];
+      }
       *reinterpret_cast<uint4*>(&sm.q[r][8 * c8]) = v;
       *reinterpret_cast<uint4*>(&sm.ql[r][8 * c8]) = vl;
     }
   }
-  if constexpr (WG) wg::fence_proxy_async();  // (published by the loop's first barrier)
 
   float o[32][4];
 #pragma unroll
@@ -242,34 +345,8 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
     float p[4][4];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < 4; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int64_t kp = kv0 + n * 8 + 2 * (lane & 3) + e;
-          const float v = kp <= qpos[hh] ? s[n][2 * hh + e] * sl2 : -INFINITY;
-          s[n][2 * hh + e] = v;
-          mx = fmaxf(mx, v);
-        }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mnew = fmaxf(mrow[hh], mx);
-      const float muse = mnew == -INFINITY ? 0.f : mnew;
-      const float corr = exp2f(mrow[hh] - muse);
-      mrow[hh] = mnew;
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < 4; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float v = exp2f(s[n][2 * hh + e] - muse);
-          p[n][2 * hh + e] = v;
-          sum += v;
-        }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      lrow[hh] = lrow[hh] * corr + sum;
+      causal_mask<4>(s, hh, kv0, qpos[hh]);
+      const float corr = softmax_half<4>(s, p, hh, sl2, mrow[hh], lrow[hh]);
       if (PS || __any_sync(0xffffffffu, corr != 1.f)) {
 #pragma unroll
         for (int n = 0; n < 32; ++n) {
@@ -300,18 +377,7 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
       }
     }
     if constexpr (PVW) {
-      const uint32_t vb = pf::smem_u32(&sw.v.sw[0][0]);
-      wg::fence();  // (o was rescaled by ordinary code)
-#pragma unroll
-      for (int kk = 0; kk < KT / 16; ++kk)
-#pragma unroll
-        for (int dc = 0; dc < D / 64; ++dc) {
-          const uint64_t db = wg::desc_sw128(vb + uint32_t(dc * KT * 128 + kk * 16 * 128));
-          auto& od = reinterpret_cast<float(&)[8][4]>(o[8 * dc]);
-          wg::mma_m64n64k16_bf16_rs<1>(od, af[kk], db, true);
-          if constexpr (PS) wg::mma_m64n64k16_bf16_rs<1>(od, afl[kk], db, true);
-        }
-      wg::commit();
+      issue_pv_wgmma<KT, PS>(o, af, afl, pf::smem_u32(&sw.v.sw[0][0]));
       wg::wait<0>();
       wg::fence_acc(o);
       // The P fragments are read by the wgmma until the wait: no write to them before it.
@@ -340,25 +406,7 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
     __syncthreads();  // every warp is done with this V tile
     if (more) load_tile(false, a.vcache, kv0 + KT);
   }
-  // Epilogue: 1/l, output gate.
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int64_t t = q0 + warp * 16 + (lane >> 2) + 8 * hh;
-    if (t >= a.T) continue;
-    const float inv = 1.f / lrow[hh];
-    float* out = a.out + t * (int64_t(a.heads) * D) + int64_t(h) * D;
-    const float* gate = a.qg + t * (a.ld ? a.ld : int64_t(a.heads) * 2 * D) + int64_t(h) * 2 * D + D;
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      const int d = n * 8 + 2 * (lane & 3);
-      float v0 = o[n][2 * hh] * inv, v1 = o[n][2 * hh + 1] * inv;
-      if (a.gated) {
-        v0 *= sigmoid_f(gate[d]);
-        v1 *= sigmoid_f(gate[d + 1]);
-      }
-      *reinterpret_cast<float2*>(out + d) = make_float2(v0, v1);
-    }
-  }
+  flash_store(a, o, lrow, q0 + warp * 16 + (lane >> 2), h);
 }
 
 // The wide kernel (a.wide, the default): 128 query rows of one head per block, two warpgroups of
@@ -388,18 +436,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) flash_wide_kernel(const Prefi
   const int64_t nkeys = a.pos0 + a.T;
   const int64_t kstride = int64_t(a.kv_heads) * D;
 
-  // Q tile (rows beyond T zero).
-  for (int i = tid; i < WQT * (D / 8); i += kWideThreads) {
-    const int r = i / (D / 8), c8 = i % (D / 8);
-    const int64_t t = q0 + r;
-    uint4 v = make_uint4(0, 0, 0, 0), vl = make_uint4(0, 0, 0, 0);
-    if (t < a.T) {
-      v = reinterpret_cast<const uint4*>(a.qbuf + (t * a.heads + h) * D)[c8];
-      vl = reinterpret_cast<const uint4*>(a.qbuf + (a.T + t) * a.heads * D + int64_t(h) * D)[c8];
-    }
-    *reinterpret_cast<uint4*>(&sw.q[0][c8 >> 3][sw128_off(r, c8 & 7)]) = v;
-    *reinterpret_cast<uint4*>(&sw.q[1][c8 >> 3][sw128_off(r, c8 & 7)]) = vl;
-  }
+  stage_q_sw128<WQT, kWideThreads>(a, q0, h, sw.q);  // (rows beyond T zero)
   wg::fence_proxy_async();  // (published by the first barrier)
 
   float o[32][4];
@@ -449,42 +486,8 @@ __global__ void __launch_bounds__(kWideThreads, 1) flash_wide_kernel(const Prefi
     const bool masked = kv0 + WKT - 1 > wg_first;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      float mx = -INFINITY;
-      if (masked) {
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int64_t kp = kv0 + n * 8 + 2 * (lane & 3) + e;
-            if (kp > qpos[hh]) s[n][2 * hh + e] = -INFINITY;
-          }
-      }
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float v = s[n][2 * hh + e] * sl2;
-          s[n][2 * hh + e] = v;
-          mx = fmaxf(mx, v);
-        }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mnew = fmaxf(mrow[hh], mx);
-      const float muse = mnew == -INFINITY ? 0.f : mnew;
-      corr[hh] = exp2f(mrow[hh] - muse);
-      mrow[hh] = mnew;
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float v = exp2f(s[n][2 * hh + e] - muse);
-          s[n][2 * hh + e] = v;
-          sum += v;
-        }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      lrow[hh] = lrow[hh] * corr[hh] + sum;
+      if (masked) causal_mask<8>(s, hh, kv0, qpos[hh]);
+      corr[hh] = softmax_half<8>(s, s, hh, sl2, mrow[hh], lrow[hh]);
     }
   };
   // o *= corr per row half, skipped when no row of the warp has a new maximum (o * 1 is o).
@@ -523,19 +526,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) flash_wide_kernel(const Prefi
       af[kk][3] = pf::pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
   };
-  // O += P V of the staged V tile (committed, not waited for).
-  auto issue_pv = [&] {
-    wg::fence();  // (o was rescaled by ordinary code)
-#pragma unroll
-    for (int kk = 0; kk < WKT / 16; ++kk)
-#pragma unroll
-      for (int dc = 0; dc < D / 64; ++dc) {
-        const uint64_t db = wg::desc_sw128(vb + uint32_t(dc * WKT * 128 + kk * 16 * 128));
-        auto& od = reinterpret_cast<float(&)[8][4]>(o[8 * dc]);
-        wg::mma_m64n64k16_bf16_rs<1>(od, af[kk], db, true);
-      }
-    wg::commit();
-  };
+  auto issue_pv = [&] { issue_pv_wgmma<WKT, false>(o, af, af, vb); };
   // After P V's group is waited for: o is the compiler's again, and the P fragments may be rewritten.
   auto pv_done = [&] {
     wg::fence_acc(o);
@@ -578,25 +569,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) flash_wide_kernel(const Prefi
   issue_pv();
   wg::wait<0>();
   pv_done();
-  // Epilogue: 1/l, output gate.
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const int64_t t = row0 + 8 * hh;
-    if (t >= a.T) continue;
-    const float inv = 1.f / lrow[hh];
-    float* out = a.out + t * (int64_t(a.heads) * D) + int64_t(h) * D;
-    const float* gate = a.qg + t * (a.ld ? a.ld : int64_t(a.heads) * 2 * D) + int64_t(h) * 2 * D + D;
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      const int d = n * 8 + 2 * (lane & 3);
-      float v0 = o[n][2 * hh] * inv, v1 = o[n][2 * hh + 1] * inv;
-      if (a.gated) {
-        v0 *= sigmoid_f(gate[d]);
-        v1 *= sigmoid_f(gate[d + 1]);
-      }
-      *reinterpret_cast<float2*>(out + d) = make_float2(v0, v1);
-    }
-  }
+  flash_store(a, o, lrow, row0, h);
 }
 
 std::once_flag g_attn_once;
