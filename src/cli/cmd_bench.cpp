@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -213,7 +214,7 @@ void run_prefill_bench(const BenchOpts& o, kestrel::Backend& b, const std::strin
                        {"gemm", gemm},
                        {"gemm_kernel", kernel},
                        {"pipe_q4_mma", cuda::prefill_pipe_mma_name(cuda::prefill_pipe_q4_mma())},
-                       {"attn_tile", cuda::prefill_attn_wide() ? "128x64" : "64x32"},
+                       {"attn_tile", std::array{"64x32", "128x64", "128x64k2"}[cuda::prefill_attn_wide()]},
                        {"moe_tile_rows", std::getenv("KESTREL_PREFILL_MOE_BM") ? std::getenv("KESTREL_PREFILL_MOE_BM")
                                                                               : "default"},
                        {"range_redos", redos},

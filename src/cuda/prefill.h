@@ -323,8 +323,9 @@ struct PrefillAttnArgs {
   bool p_split = false;         // P V with P as bf16 hi + lo; false: P one bf16 plane (default)
   bool qk_wgmma = true;         // Q K^T on wgmma (default); false: mma.sync (and P V too)
   bool pv_wgmma = true;         // P V on wgmma (default, with qk_wgmma); false: mma.sync
-  bool wide = false;            // 128-query blocks of two warpgroups, 64-key tiles (needs both
-                                // products on wgmma and P as one plane); false: 64 x 32 tiles
+  int wide = 0;                 // 1: 128-query blocks of two warpgroups, 64-key tiles (needs both
+                                // products on wgmma and P as one plane); 2: the same with two K
+                                // buffers; 0: 64 x 32 tiles (every route)
   int heads = 0, kv_heads = 0, head_dim = 0, rotary_dim = 0;
 };
 // KESTREL_ATTN_P = bf16 (default) | split: the prompt step's p_split (read when it is built). bf16 P: ~2^-9 relative per
@@ -335,9 +336,10 @@ bool prefill_attn_p_split();
 bool prefill_attn_qk_wgmma();
 // KESTREL_ATTN_PV = wgmma (default) | sync: the prompt step's pv_wgmma.
 bool prefill_attn_pv_wgmma();
-// KESTREL_ATTN_TILE = 64x32 (default) | 128x64: the prompt step's wide (bench/PREFILL_NOTES.md v17);
-// the wide kernel has one route, so 128x64 with KESTREL_ATTN_P=split or a mma.sync product is an error.
-bool prefill_attn_wide();
+// KESTREL_ATTN_TILE = 64x32 (default) | 128x64 | 128x64k2: the prompt step's wide, 0 | 1 | 2
+// (bench/PREFILL_NOTES.md v17); the wide kernel has one route, so 128x64 with KESTREL_ATTN_P=split
+// or a mma.sync product is an error.
+int prefill_attn_wide();
 void prefill_attn_init();
 void prefill_attn_prep_launch(const PrefillAttnArgs& a, cudaStream_t s);
 void prefill_attn_launch(const PrefillAttnArgs& a, cudaStream_t s);
@@ -561,6 +563,7 @@ inline void prefill_attn(const PrefillAttnArgs& a, cudaStream_t s) {
   auto al = [](const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; };
   KESTREL_CHECK(al(a.qbuf, 16) && al(a.kcache, 16) && al(a.vcache, 16) && al(a.out, 8),
                 "prefill_attn: qbuf/kcache/vcache need 16-byte, out 8-byte alignment");
+  KESTREL_CHECK(a.wide >= 0 && a.wide <= 2, "prefill_attn: wide {} (0, 1 or 2)", a.wide);
   KESTREL_CHECK(!a.wide || (a.qk_wgmma && a.pv_wgmma && !a.p_split),
                 "prefill_attn: the 128x64 kernel runs Q K^T and P V on wgmma with P as one bf16 plane "
                 "(qk_wgmma {}, pv_wgmma {}, p_split {}); KESTREL_ATTN_TILE=64x32 has the other routes",

@@ -409,25 +409,32 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
   flash_store(a, o, lrow, q0 + warp * 16 + (lane >> 2), h);
 }
 
-// The wide kernel (a.wide, the default): 128 query rows of one head per block, two warpgroups of
-// 64 rows each sharing 64-key K and V tiles; P as one bf16 plane; Q K^T on wgmma m64n64k16 (both
+// The wide kernel (a.wide = 1 or 2, opt-in until measured): 128 query rows of one head per block,
+// two warpgroups of 64 rows each sharing 64-key K and V tiles; P as one bf16 plane; Q K^T on wgmma m64n64k16 (both
 // operands in shared memory), P V on wgmma m64n64k16 with P from registers. Per key tile each
 // warpgroup issues Q K^T of the next tile ahead of P V of this one and runs the next tile's
 // softmax while its P V is on the tensor pipe (o is rescaled once that group is done).
 // Versus flash_kernel: twice the keys per wgmma (N = 64: the Q K^T steps stop being bound by A's
 // shared-memory reads), half the K/V copies per query, half the barriers per key.
+// KB2 (a.wide = 2): two K buffers (224 KB in all): the copy of K(j+2) goes out right after the
+// barrier that publishes K(j+1) (a whole tile ahead instead of after the softmax's barrier), and
+// the barrier that freed the one K buffer goes away.
 constexpr int WQT = 128, WKT = 64, kWideThreads = 256;
+template <bool KB2>
 struct AttnWideSmem {
-  uint8_t q[2][D / 64][WQT * 128];  // Q hi, lo: K-major in the 128-byte swizzle per 64-wide d chunk
-  uint8_t k[D / 64][WKT * 128];     // K tile, the same layout
-  uint8_t v[D / 64][WKT * 128];     // V tile, read MN-major by the P V wgmma
+  uint8_t q[2][D / 64][WQT * 128];         // Q hi, lo: K-major in the 128-byte swizzle per 64-wide d chunk
+  uint8_t k[KB2 ? 2 : 1][D / 64][WKT * 128];  // K tile(s), the same layout
+  uint8_t v[D / 64][WKT * 128];            // V tile, read MN-major by the P V wgmma
 };
-constexpr int kWideSmemBytes = int(sizeof(AttnWideSmem)) + 1024;
+template <bool KB2>
+constexpr int kWideSmemBytes = int(sizeof(AttnWideSmem<KB2>)) + 1024;  // + the alignment slack
+static_assert(kWideSmemBytes<true> <= 227 * 1024, "two K buffers exceed the opt-in shared memory");
 
+template <bool KB2>
 __global__ void __launch_bounds__(kWideThreads, 1) flash_wide_kernel(const PrefillAttnArgs a) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  AttnWideSmem& sw =
-      *reinterpret_cast<AttnWideSmem*>(smem_raw + ((1024 - (pf::smem_u32(smem_raw) & 1023)) & 1023));
+  AttnWideSmem<KB2>& sw = *reinterpret_cast<AttnWideSmem<KB2>*>(
+      smem_raw + ((1024 - (pf::smem_u32(smem_raw) & 1023)) & 1023));
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wgi = warp >> 2, wl = warp & 3;  // warpgroup, warp within it
   const int h = blockIdx.y, kvh = h / (a.heads / a.kv_heads);
@@ -453,21 +460,24 @@ __global__ void __launch_bounds__(kWideThreads, 1) flash_wide_kernel(const Prefi
   const int64_t last_q = a.pos0 + min(q0 + WQT, a.T) - 1;  // the block's last query position
   const int ntiles = int(last_q / WKT) + 1;
   const uint32_t qb = pf::smem_u32(&sw.q[0][0][0]) + uint32_t(wgi * 64 * 128);
-  const uint32_t kb = pf::smem_u32(&sw.k[0][0]), vb = pf::smem_u32(&sw.v[0][0]);
+  const uint32_t vb = pf::smem_u32(&sw.v[0][0]);
+  // K tile j's buffer.
+  auto kbuf = [](int j) { return KB2 ? (j & 1) : 0; };
 
-  auto load_tile = [&](bool is_k, int64_t kv0) {
+  auto load_tile = [&](bool is_k, int64_t kv0, int buf) {
     const uint16_t* cache = is_k ? a.kcache : a.vcache;
     for (int i = tid; i < WKT * (D / 8); i += kWideThreads) {
       const int r = i / (D / 8), c8 = i % (D / 8);
       const int64_t kp = kv0 + r;
       const bool ok = kp < nkeys;
-      uint8_t* dst = is_k ? &sw.k[c8 >> 3][sw128_off(r, c8 & 7)] : &sw.v[c8 >> 3][sw128_off(r, c8 & 7)];
+      uint8_t* dst = is_k ? &sw.k[buf][c8 >> 3][sw128_off(r, c8 & 7)] : &sw.v[c8 >> 3][sw128_off(r, c8 & 7)];
       pf::cp_async16(dst, cache + (ok ? kp : 0) * kstride + int64_t(kvh) * D + 8 * c8, ok);
     }
     pf::cp_async_commit();
   };
   // S = Q K^T of the staged K tile (issued and committed, not waited for).
-  auto issue_qk = [&] {
+  auto issue_qk = [&](int buf) {
+    const uint32_t kb = pf::smem_u32(&sw.k[buf][0][0]);
     wg::fence();
 #pragma unroll
     for (int ck = 0; ck < D / 64; ++ck)
@@ -503,17 +513,26 @@ __global__ void __launch_bounds__(kWideThreads, 1) flash_wide_kernel(const Prefi
       }
   };
 
-  // Prologue: tile 0's K and V, its scores and softmax (o is zero: no rescale); tile 1's K.
-  load_tile(true, 0);
-  load_tile(false, 0);
-  pf::cp_async_wait<1>();
+  // Prologue: tile 0's K and V, its scores and softmax (o is zero: no rescale); tile 1's K (with
+  // two buffers at once, else once every warpgroup is done with K 0). Either way the groups
+  // pending after it are V(0), then K(1).
+  load_tile(true, 0, 0);
+  load_tile(false, 0, 0);
+  if (KB2 && ntiles > 1) {
+    load_tile(true, WKT, 1);
+    pf::cp_async_wait<2>();
+  } else {
+    pf::cp_async_wait<1>();
+  }
   wg::fence_proxy_async();
   __syncthreads();  // K 0 and Q visible
-  issue_qk();
+  issue_qk(0);
   wg::wait<0>();
   wg::fence_acc(s);
-  __syncthreads();  // every warpgroup is done with K 0
-  if (ntiles > 1) load_tile(true, WKT);
+  if (!KB2) {
+    __syncthreads();  // every warpgroup is done with K 0
+    if (ntiles > 1) load_tile(true, WKT, 0);
+  }
   softmax(0);
 
   // P (in s) as the bf16 A fragments of P V (before s takes the next tile's scores).
@@ -540,26 +559,34 @@ __global__ void __launch_bounds__(kWideThreads, 1) flash_wide_kernel(const Prefi
   // flight or landed (committed in that order, except at j = 0: V(0) first).
   for (int j = 0; j + 1 < ntiles; ++j) {
     const int64_t kv1 = int64_t(j + 1) * WKT;
+    const bool k_ahead = KB2 && j + 2 < ntiles;  // K(j+2) goes out before V(j) is waited for
     pack_p();
     if (j == 0) pf::cp_async_wait<0>();
     else pf::cp_async_wait<1>();
     wg::fence_proxy_async();
-    __syncthreads();  // K(j+1) visible
-    issue_qk();       // S(j+1) = Q K(j+1)^T, ahead of P V of tile j
-    pf::cp_async_wait<0>();
+    __syncthreads();  // K(j+1) visible (and, with two buffers, every warpgroup done with K(j))
+    issue_qk(kbuf(j + 1));  // S(j+1) = Q K(j+1)^T, ahead of P V of tile j
+    if (k_ahead) {
+      load_tile(true, kv1 + WKT, kbuf(j + 2));
+      pf::cp_async_wait<1>();
+    } else {
+      pf::cp_async_wait<0>();
+    }
     wg::fence_proxy_async();
     __syncthreads();  // V(j) visible
     issue_pv();
     wg::wait<1>();    // S(j+1) done (P V of tile j may still run)
     wg::fence_acc(s);
-    __syncthreads();  // every warpgroup is done with K(j+1)
-    if (j + 2 < ntiles) load_tile(true, kv1 + WKT);
+    if (!KB2) {
+      __syncthreads();  // every warpgroup is done with K(j+1)
+      if (j + 2 < ntiles) load_tile(true, kv1 + WKT, 0);
+    }
     softmax(kv1);     // while P V of tile j is on the tensor pipe
     wg::wait<0>();
     pv_done();
     rescale();
     __syncthreads();  // every warpgroup is done with V(j)
-    load_tile(false, kv1);
+    load_tile(false, kv1, 0);
   }
   // The last tile: P V only.
   pack_p();
@@ -590,7 +617,10 @@ void prefill_attn_init() {
     flash_init_one<false, true, false>();
     flash_init_one<true, true, true>();
     flash_init_one<false, true, true>();
-    KCUDA(cudaFuncSetAttribute(flash_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kWideSmemBytes));
+    KCUDA(cudaFuncSetAttribute(flash_wide_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               kWideSmemBytes<false>));
+    KCUDA(cudaFuncSetAttribute(flash_wide_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               kWideSmemBytes<true>));
   });
 }
 
@@ -608,7 +638,8 @@ void prefill_attn_launch(const PrefillAttnArgs& a, cudaStream_t s) {
   if (a.wide) {
     // (One route: both products on wgmma, P one bf16 plane; prefill_attn checks it.)
     const dim3 wgrid(unsigned((a.T + WQT - 1) / WQT), unsigned(a.heads));
-    flash_wide_kernel<<<wgrid, kWideThreads, kWideSmemBytes, s>>>(a);
+    if (a.wide == 2) flash_wide_kernel<true><<<wgrid, kWideThreads, kWideSmemBytes<true>, s>>>(a);
+    else flash_wide_kernel<false><<<wgrid, kWideThreads, kWideSmemBytes<false>, s>>>(a);
   } else if (a.qk_wgmma && a.pv_wgmma) {
     if (a.p_split) flash_kernel<true, true, true><<<grid, kThreads, wg, s>>>(a);
     else flash_kernel<false, true, true><<<grid, kThreads, wg, s>>>(a);

@@ -144,7 +144,7 @@ PrefillStep::PrefillStep(const DModel& m, int64_t max_chunk) : m_(m), max_chunk_
   attn_pv_wgmma_ = prefill_attn_pv_wgmma();
   attn_wide_ = prefill_attn_wide();
   KESTREL_CHECK(!attn_wide_ || (attn_qk_wgmma_ && attn_pv_wgmma_ && !attn_p_split_),
-                "KESTREL_ATTN_TILE=128x64 runs Q K^T and P V on wgmma with P as one bf16 plane: it does not "
+                "KESTREL_ATTN_TILE=128x64(k2) runs Q K^T and P V on wgmma with P as one bf16 plane: it does not "
                 "combine with KESTREL_ATTN_P=split or KESTREL_ATTN_QK/PV=sync");
   // Measurement knob: rows per expert tile (0 = the route's default; see MoePrefillScratch).
   if (const char* e = std::getenv("KESTREL_PREFILL_MOE_BM"); e != nullptr && *e != 0) {
@@ -185,7 +185,7 @@ bool prefill_attn_qk_wgmma() { return env_choice("KESTREL_ATTN_QK", {"wgmma", "s
 
 bool prefill_attn_pv_wgmma() { return env_choice("KESTREL_ATTN_PV", {"wgmma", "sync"}) == 0; }
 
-bool prefill_attn_wide() { return env_choice("KESTREL_ATTN_TILE", {"64x32", "128x64"}) == 1; }
+int prefill_attn_wide() { return env_choice("KESTREL_ATTN_TILE", {"64x32", "128x64", "128x64k2"}); }
 
 PipeMma prefill_pipe_q4_mma() {
   constexpr PipeMma m[] = {PipeMma::Auto, PipeMma::Wgmma, PipeMma::Ws, PipeMma::Rs,

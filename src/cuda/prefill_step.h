@@ -137,7 +137,8 @@ class PrefillStep {
   int moe_bm_ = 0;  // KESTREL_PREFILL_MOE_BM (F16 route; 0 = default)
   PrefillGemmChoice gemm_choice_ = PrefillGemmChoice::Auto;
   // The attention kernel's routes (KESTREL_ATTN_P / _QK / _PV / _TILE, read once at construction).
-  bool attn_p_split_ = false, attn_qk_wgmma_ = true, attn_pv_wgmma_ = true, attn_wide_ = false;
+  bool attn_p_split_ = false, attn_qk_wgmma_ = true, attn_pv_wgmma_ = true;
+  int attn_wide_ = 0;
   F32GemmRoute router_route_ = F32GemmRoute::Tc;
   PrefillGemmKernel kernel_ = PrefillGemmKernel::Reg;  // of the chunk being enqueued
 };

@@ -247,23 +247,25 @@ TEST(PrefillE2E, AttentionPSplit) {
   check_prompts(cpu_b, *gpu_b, "random q4, attention P split", seed + 100);
 }
 
-// Attention on the wide kernel (KESTREL_ATTN_TILE=128x64: 128-query blocks, 64-key tiles), end to
-// end on the random real-width q4 model, one-chunk and split prompts; and the step refusing the wide
-// kernel with P split.
+// Attention on the wide kernel (KESTREL_ATTN_TILE=128x64: 128-query blocks, 64-key tiles; and
+// 128x64k2, two K buffers), end to end on the random real-width q4 model, one-chunk and split
+// prompts; and the step refusing the wide kernel with P split.
 TEST(PrefillE2E, AttentionWide) {
   REQUIRE_GPU();
-  const ScopedEnv env("KESTREL_ATTN_TILE", "128x64");
-  ASSERT_TRUE(prefill_attn_wide());
   const ModelConfig c = small_real_width_config();
   const uint32_t seed = 18;
   cpu::CpuBackend cpu_b(random_weights(c, WFormat::Q4, WFormat::Q8, seed), 0);
-  auto gpu_b = make_cuda_backend(random_weights(c, WFormat::Q4, WFormat::Q8, seed), BackendOptions{});
-  check_prompts(cpu_b, *gpu_b, "random q4, attention wide", seed + 100);
-  // The prompt step (created on first use; poison_prefill_scratch creates it) refuses the wide
-  // kernel with P split.
-  const ScopedEnv split("KESTREL_ATTN_P", "split");
-  auto gpu_c = make_cuda_backend(random_weights(c, WFormat::Q4, WFormat::Q8, seed), BackendOptions{});
-  EXPECT_THROW(poison_prefill_scratch(*gpu_c), Error);
+  for (const char* tile : {"128x64", "128x64k2"}) {
+    const ScopedEnv env("KESTREL_ATTN_TILE", tile);
+    ASSERT_EQ(prefill_attn_wide(), std::string(tile) == "128x64" ? 1 : 2);
+    auto gpu_b = make_cuda_backend(random_weights(c, WFormat::Q4, WFormat::Q8, seed), BackendOptions{});
+    check_prompts(cpu_b, *gpu_b, fmt::format("random q4, attention {}", tile), seed + 100);
+    // The prompt step (created on first use; poison_prefill_scratch creates it) refuses the wide
+    // kernel with P split.
+    const ScopedEnv split("KESTREL_ATTN_P", "split");
+    auto gpu_c = make_cuda_backend(random_weights(c, WFormat::Q4, WFormat::Q8, seed), BackendOptions{});
+    EXPECT_THROW(poison_prefill_scratch(*gpu_c), Error) << tile;
+  }
 }
 
 // The router logits on the CUDA-core fp32 kernel (KESTREL_ROUTER_GEMM=fma; the default is the

@@ -903,7 +903,7 @@ TEST(PrefillGdn, ChunkedMatchesRecurrence) {
 // ---------------------------------------------------------------------------------------------
 // Flash attention against cpu::attention over the same bf16 cache contents.
 // route: 0 = Q K^T and P V on wgmma (the default), 1 = Q K^T only, 2 = both on mma.sync,
-// 3 = the wide kernel (128 x 64 tiles; P one plane only).
+// 3 = the wide kernel (128 x 64 tiles; P one plane only), 4 = the same with two K buffers.
 void run_attn(int64_t T, int64_t pos0, uint32_t seed, bool p_split = true, int route = 0) {
   std::mt19937 g(seed);
   const int H = 16, Hkv = 2, D = 256, rot = 64;
@@ -967,9 +967,9 @@ void run_attn(int64_t T, int64_t pos0, uint32_t seed, bool p_split = true, int r
   a.head_dim = D;
   a.rotary_dim = rot;
   a.p_split = p_split;
-  a.qk_wgmma = route < 2 || route == 3;
-  a.pv_wgmma = route == 0 || route == 3;
-  a.wide = route == 3;
+  a.qk_wgmma = route < 2 || route >= 3;
+  a.pv_wgmma = route == 0 || route >= 3;
+  a.wide = route >= 3 ? route - 2 : 0;
   prefill_attn(a, nullptr);
   const std::string what = fmt::format("prefill_attn T={} pos0={} p_split={} route={}", T, pos0, p_split, route);
   EXPECT_LT(rel_err(to_host<float>(*dout, want.size()), want, what.c_str()), 1e-2) << what;
@@ -997,26 +997,33 @@ TEST(PrefillAttn, FlashMatchesCpu) {
   }
 }
 
-// The wide kernel (KESTREL_ATTN_TILE=128x64): block sizes straddling its 128-query blocks, its
-// 64-key tiles and each warpgroup's 64 rows (a warpgroup past T, a diagonal tile masked whole for
-// the first warpgroup), after cached prefixes that are and are not tile multiples; the switch's
-// parsing and the route combinations it refuses.
+// The wide kernel (KESTREL_ATTN_TILE=128x64, and 128x64k2 with two K buffers): block sizes
+// straddling its 128-query blocks, its 64-key tiles and each warpgroup's 64 rows (a warpgroup past
+// T, a diagonal tile masked whole for the first warpgroup; 1, 2, 3 and many key tiles, which the
+// two-buffer schedule treats apart), after cached prefixes that are and are not tile multiples;
+// the switch's parsing and the route combinations it refuses.
 TEST(PrefillAttn, FlashWideMatchesCpu) {
   REQUIRE_GPU();
-  uint32_t seed = 680;
-  for (int64_t T : {1, 2, 63, 64, 65, 127, 128, 129, 192, 300, 1000, 2048}) run_attn(T, 0, seed++, false, 3);
-  run_attn(65, 1000, seed++, false, 3);
-  run_attn(1, 37, seed++, false, 3);
-  run_attn(200, 64, seed++, false, 3);
-  run_attn(130, 127, seed++, false, 3);
-  EXPECT_FALSE(prefill_attn_wide());
+  for (int route : {3, 4}) {
+    uint32_t seed = 680;
+    for (int64_t T : {1, 2, 63, 64, 65, 127, 128, 129, 192, 300, 1000, 2048}) run_attn(T, 0, seed++, false, route);
+    run_attn(65, 1000, seed++, false, route);
+    run_attn(1, 37, seed++, false, route);
+    run_attn(200, 64, seed++, false, route);
+    run_attn(130, 127, seed++, false, route);
+  }
+  EXPECT_EQ(prefill_attn_wide(), 0);
   {
     const ScopedEnv e("KESTREL_ATTN_TILE", "128x64");
-    EXPECT_TRUE(prefill_attn_wide());
+    EXPECT_EQ(prefill_attn_wide(), 1);
+  }
+  {
+    const ScopedEnv e("KESTREL_ATTN_TILE", "128x64k2");
+    EXPECT_EQ(prefill_attn_wide(), 2);
   }
   {
     const ScopedEnv e("KESTREL_ATTN_TILE", "64x32");
-    EXPECT_FALSE(prefill_attn_wide());
+    EXPECT_EQ(prefill_attn_wide(), 0);
   }
   {
     const ScopedEnv e("KESTREL_ATTN_TILE", "64x64");
@@ -1027,7 +1034,7 @@ TEST(PrefillAttn, FlashWideMatchesCpu) {
   auto dbuf = std::make_unique<DevBuf>(size_t(1) << 20);
   float* f = dbuf->as<float>();
   auto* u = reinterpret_cast<uint16_t*>(f + (1 << 17));
-  for (int bad = 0; bad < 3; ++bad) {
+  for (int bad = 0; bad < 4; ++bad) {
     PrefillAttnArgs a;
     a.T = 1;
     a.capacity = 1;
@@ -1037,7 +1044,7 @@ TEST(PrefillAttn, FlashWideMatchesCpu) {
     a.rotary_dim = 64;
     a.qg = a.k = a.v = a.q_norm = a.k_norm = a.out = f;
     a.qbuf = a.kcache = a.vcache = u;
-    a.wide = true;
+    a.wide = bad == 3 ? 3 : 1;  // (3: no such kernel)
     a.p_split = bad == 0;
     a.qk_wgmma = bad != 1;
     a.pv_wgmma = bad != 2;
@@ -1045,7 +1052,7 @@ TEST(PrefillAttn, FlashWideMatchesCpu) {
       prefill_attn(a, nullptr);
       ADD_FAILURE() << "wide kernel accepted route " << bad;
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("128x64"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(bad == 3 ? "wide 3" : "128x64"), std::string::npos) << e.what();
     }
   }
 }
