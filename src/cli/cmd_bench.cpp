@@ -61,6 +61,7 @@ struct BenchOpts {
   std::string gemv = "1";    // GEMV route(s) for M = 1: 1, 2, 3; a comma list or all
   std::string prefill;       // prompt lengths: run the prefill benchmark instead of decode
   int prefill_runs = 3;      // timed runs per prompt of <= 8192 tokens (one for longer)
+  int64_t prefill_prefix = 0;  // cached tokens before each timed prompt (a follow-up turn); 0: from empty
   std::string prefill_aprec = "split";  // GEMM route of fp32 activations: split | f16 | both
   std::string prefill_gemm = "default";  // Split route's GEMM kernel: reg | pipe | both | default (env)
 };
@@ -136,20 +137,27 @@ void run_prefill_bench(const BenchOpts& o, kestrel::Backend& b, const std::strin
   const auto prompts = parse_list(o.prefill, "--prefill");
   KESTREL_CHECK(o.prefill_runs >= 1, "bench: --prefill-runs {}", o.prefill_runs);
   const ModelConfig& c = b.config();
+  const int64_t P = o.prefill_prefix;
   for (int64_t n : prompts)
-    KESTREL_CHECK(n >= 2 && n < c.max_position_embeddings,
-                  "--prefill: prompt {} outside 2..{} (one-token steps are decode)", n,
-                  c.max_position_embeddings - 1);
+    KESTREL_CHECK(n >= 2 && P >= 0 && P + n < c.max_position_embeddings,
+                  "--prefill: prompt {} after a prefix of {} outside 2..{} tokens (one-token steps are decode)", n,
+                  P, c.max_position_embeddings - 1);
   std::mt19937 g(uint32_t(o.seed));
   auto prompt_of = [&](int64_t n) {
     std::vector<int32_t> p(static_cast<size_t>(n));
     for (auto& t : p) t = int32_t(g() % uint32_t(c.vocab_size));
     return p;
   };
-  // One prompt: a fresh sequence (allocated outside the timing), Backend::step with the last
-  // token's logits back on the host.
+  const std::vector<int32_t> prefix = prompt_of(P);
+  // One prompt: a fresh sequence (allocated outside the timing) holding the prefix (untimed), then
+  // Backend::step over the prompt with the last token's logits back on the host.
   auto time_prompt = [&](const std::vector<int32_t>& p) {
-    const SeqId s = b.create_sequence(int64_t(p.size()) + 1);
+    const SeqId s = b.create_sequence(P + int64_t(p.size()) + 1);
+    if (P > 0) {
+      StepRequest pr{s, prefix, false};
+      StepResult pres;
+      b.step({&pr, 1}, {&pres, 1});
+    }
     StepRequest r{s, p, false};
     StepResult res;
     const auto t0 = std::chrono::steady_clock::now();
@@ -201,7 +209,9 @@ void run_prefill_bench(const BenchOpts& o, kestrel::Backend& b, const std::strin
     for (int i = 0; i < runs; ++i) t.push_back(time_prompt(p));
     std::sort(t.begin(), t.end());
     const double med = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
-    const double flops = prefill_flops(c, n), tflops = flops / med / 1e12;
+    // (After a prefix: the prompt's own GEMMs, its attention over prefix + itself, one lm_head row.)
+    const double flops = prefill_flops(c, P + n) - (P > 0 ? prefill_flops(c, P) - 2.0 * c.vocab_size * c.hidden_size : 0.0),
+                 tflops = flops / med / 1e12;
     const int64_t redos = cuda::prefill_range_redos(b) - redos0;
     std::printf("%-8s %6s %5s %9lld %5d %11.2f %11.1f %10.1f %8.1f%% %6lld\n", weights.c_str(), aprec, gemm,
                 (long long)n, runs, med * 1e3, double(n) / med, tflops, 100.0 * tflops / 778.0,
@@ -210,6 +220,7 @@ void run_prefill_bench(const BenchOpts& o, kestrel::Backend& b, const std::strin
     records.push_back({{"kind", "prefill"},
                        {"weights", weights},
                        {"prompt_tokens", n},
+                       {"prefix_tokens", P},
                        {"aprec", aprec},
                        {"gemm", gemm},
                        {"gemm_kernel", kernel},
@@ -438,6 +449,8 @@ void setup_bench(CLI::App& root) {
   c->add_option("--prefill", o->prefill,
                 "Comma-separated prompt lengths: benchmark prompts (prefill) instead of decode");
   c->add_option("--prefill-runs", o->prefill_runs, "Timed runs per prompt of <= 8192 tokens (median)");
+  c->add_option("--prefill-prefix", o->prefill_prefix,
+                "Cached tokens in the sequence before each timed prompt (a follow-up turn; default 0)");
   c->add_option("--prefill-aprec", o->prefill_aprec,
                 "GEMM route of fp32 activations in prompts: f16, split (exact) or both (one record each)");
   c->add_option("--prefill-gemm", o->prefill_gemm,

@@ -5,7 +5,7 @@
 # Every variant runs the q4 bench (GEMV route 1, PDL on) at BENCH_CTX (default 0,4096), twice
 # over the variant list (ABBA order against drift). Writes $OUT/ab.log and JSON under $OUT/results.
 # AB_KIND=prefill: the q4 prompt bench instead (PREFILL prompt sizes, default 2048,4096; the
-# default GEMM choice, median of 3 after a warm-up).
+# default GEMM choice, median of 3 after a warm-up; PREFILL_PREFIX tokens cached before each).
 #   VARIANTS='KESTREL_GEMV_PRELOAD=1;KESTREL_MOE_DOWN_EARLY=2;;exe=kestrel_old' TESTS=<gtest filter|none> SANITIZE=<filter> BIN=<dir>
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -39,6 +39,7 @@ for pass in 1 2; do
     for w in $v; do case $w in exe=*) exe=${w#exe=} ;; *) vv+=("$w") ;; esac; done
     if [ "${AB_KIND:-decode}" = prefill ]; then
       env ${vv[@]+"${vv[@]}"} timeout 180 $BIN/$exe bench --synthetic "${WEIGHTS:-q4}" --prefill "${PREFILL:-2048,4096}" --prefill-runs 3 \
+        --prefill-prefix "${PREFILL_PREFIX:-0}" \
         --prefill-aprec split --prefill-gemm auto --out "$OUT/results" 2>&1 | grep -vE '^\s*$' | tail -4 | tee -a "$OUT/ab.log"
     else
       env ${vv[@]+"${vv[@]}"} timeout 120 $BIN/$exe bench --synthetic q4 --contexts "${BENCH_CTX:-0,4096}" --steps 128 --gemv 1 \

@@ -5,7 +5,8 @@
 #   1. the prompt-path GPU tests (TESTS, a gtest filter; "none" skips; TESTS2 + TESTS2_ENV a second
 #      run under other settings); SASS (a regex) dumps those kernels' SASS;
 #   2. the A/B of the q4 prompt bench (tools/device/ab.sh, AB_KIND=prefill) over VARIANTS (";X=1"
-#      is the defaults and X=1; ab.sh drops a trailing empty variant);
+#      is the defaults and X=1; ab.sh drops a trailing empty variant) at AB_PREFILL prompt sizes;
+#      with AB_PREFIX, again at AB_PREFIX_PREFILL sizes after a cached prefix of AB_PREFIX tokens;
 #   3. the records: q4 at REC_Q4 prompt sizes, bf16 at REC_BF16 (JSON under results/; REC_ENV);
 #   3b. decode: the A/B of DEC_VARIANTS at DEC_CTX and the records at REC_DEC_Q4 / REC_DEC_BF16 (under REC_DEC_ENV);
 #   4. a Nsight Compute profile of one 4K q4 prompt (tools/device/profile.sh, PROFILE=0 skips;
@@ -61,10 +62,20 @@ fi
 
 if [ -n "${VARIANTS+x}" ]; then
   T0=$(date +%s)
-  OUT=$W/ab TESTS=none SANITIZE= AB_KIND=prefill PREFILL="${AB_PREFILL:-2048,4096,32768}" BIN=$B bash tools/device/ab.sh > "$W/ab_stdout.log" 2>&1
+  OUT=$W/ab TESTS=none SANITIZE= AB_KIND=prefill PREFILL="${AB_PREFILL:-2048,4096,32768}" PREFILL_PREFIX=0 BIN=$B bash tools/device/ab.sh > "$W/ab_stdout.log" 2>&1
   note "ab: rc=$? in $(( $(date +%s) - T0 )) s"
   cat "$W/ab/ab.log" | tee -a "$S"
   pack
+  # AB_PREFIX (tokens): the same variants on prompts of AB_PREFIX_PREFILL tokens after a cached
+  # prefix of that many (a follow-up turn: a short chunk attending to a long context).
+  if [ -n "${AB_PREFIX:-}" ]; then
+    T0=$(date +%s)
+    OUT=$W/abpre TESTS=none SANITIZE= AB_KIND=prefill PREFILL="${AB_PREFIX_PREFILL:-512,4096}" PREFILL_PREFIX="$AB_PREFIX" \
+      BIN=$B bash tools/device/ab.sh > "$W/abpre_stdout.log" 2>&1
+    note "ab after a prefix of $AB_PREFIX: rc=$? in $(( $(date +%s) - T0 )) s"
+    cat "$W/abpre/ab.log" | tee -a "$S"
+    pack
+  fi
 fi
 
 # Decode: the A/B of DEC_VARIANTS (ab.sh, q4 at DEC_CTX) and the decode records (q4 at REC_DEC_Q4
