@@ -167,6 +167,14 @@ __device__ __forceinline__ float softmax_half(float (&s)[NT][4], float (&p)[NT][
   l = l * corr + sum;
   return corr;
 }
+// 16 bytes (dims 8 c8 .. + 7) of q's hi and lo planes for token t of head h (zero beyond T).
+__device__ __forceinline__ void load_q16(const PrefillAttnArgs& a, int64_t t, int h, int c8, uint4& v, uint4& vl) {
+  v = vl = make_uint4(0, 0, 0, 0);
+  if (t < a.T) {
+    v = reinterpret_cast<const uint4*>(a.qbuf + (t * a.heads + h) * D)[c8];
+    vl = reinterpret_cast<const uint4*>(a.qbuf + (a.T + t) * a.heads * D + int64_t(h) * D)[c8];
+  }
+}
 // Q's hi and lo planes for query rows q0 .. q0 + ROWS - 1 of head h (rows beyond T zero), K-major
 // in the 128-byte swizzle per 64-wide d chunk.
 template <int ROWS, int THREADS>
@@ -174,12 +182,8 @@ __device__ __forceinline__ void stage_q_sw128(const PrefillAttnArgs& a, int64_t 
                                               uint8_t (&q)[2][D / 64][ROWS * 128]) {
   for (int i = threadIdx.x; i < ROWS * (D / 8); i += THREADS) {
     const int r = i / (D / 8), c8 = i % (D / 8);
-    const int64_t t = q0 + r;
-    uint4 v = make_uint4(0, 0, 0, 0), vl = make_uint4(0, 0, 0, 0);
-    if (t < a.T) {
-      v = reinterpret_cast<const uint4*>(a.qbuf + (t * a.heads + h) * D)[c8];
-      vl = reinterpret_cast<const uint4*>(a.qbuf + (a.T + t) * a.heads * D + int64_t(h) * D)[c8];
-    }
+    uint4 v, vl;
+    load_q16(a, q0 + r, h, c8, v, vl);
     *reinterpret_cast<uint4*>(&q[0][c8 >> 3][sw128_off(r, c8 & 7)]) = v;
     *reinterpret_cast<uint4*>(&q[1][c8 >> 3][sw128_off(r, c8 & 7)]) = vl;
   }
@@ -254,12 +258,8 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(const PrefillAttnArgs a
   } else {
     for (int i = tid; i < QT * (D / 8); i += kThreads) {
       const int r = i / (D / 8), c8 = i % (D / 8);
-      const int64_t t = q0 + r;
-      uint4 v = make_uint4(0, 0, 0, 0), vl = make_uint4(0, 0, 0, 0);
-      if (t < a.T) {
-        v = reinterpret_cast<const uint4*>(a.qbuf + (t * a.heads + h) * D)[c8];
-        vl = reinterpret_cast<const uint4*>(a.qbuf + (a.T + t) * a.heads * D + int64_t(h) * D)[c8];
-      }
+      uint4 v, vl;
+      load_q16(a, q0 + r, h, c8, v, vl);
       *reinterpret_cast<uint4*>(&sm.q[r][8 * c8]) = v;
       *reinterpret_cast<uint4*>(&sm.ql[r][8 * c8]) = vl;
     }
